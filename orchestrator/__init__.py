@@ -1,0 +1,1 @@
+"""Multi-turn search rollouts, rewards, and the trajectory stream into Redis."""

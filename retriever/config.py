@@ -1,0 +1,11 @@
+"""Configuration of the retriever service (its section of the stack config file)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from searchr1.sections import HttpConfig, Section
+
+
+class RetrieverConfig(Section):
+    http: HttpConfig = Field(default_factory=lambda: HttpConfig(port=8000))

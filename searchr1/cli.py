@@ -1,0 +1,109 @@
+"""The `searchr1` command: one sub-command group per service, plus bus and config tools."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+# Before anything imports torch/numpy: with several services on a few cores, default thread
+# pools oversubscribe and run 10-100x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import typer  # noqa: E402
+
+from inference.cli import app as inference_app  # noqa: E402
+from orchestrator.cli import app as orchestrator_app  # noqa: E402
+from retriever.cli import app as retriever_app  # noqa: E402
+from searchr1.cli_common import ConfigOption, load_or_exit  # noqa: E402
+from trainer.cli import app as trainer_app  # noqa: E402
+
+app = typer.Typer(
+    help="searchr1: train LMs to reason and search with multi-turn RL (the Search-R1 recipe).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(retriever_app, name="retriever")
+app.add_typer(inference_app, name="inference")
+app.add_typer(orchestrator_app, name="orchestrator")
+app.add_typer(trainer_app, name="trainer")
+
+config_app = typer.Typer(help="Inspect and validate the stack configuration.", no_args_is_help=True)
+bus_app = typer.Typer(help="Inspect the trajectory bus (Redis streams).", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(bus_app, name="bus")
+
+
+@config_app.command("validate")
+def config_validate(config: ConfigOption = None) -> None:
+    """Load the config (file + environment); exit 2 naming each invalid field."""
+    load_or_exit(config)
+    typer.echo("config ok")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOption = None) -> None:
+    """Print the whole effective configuration as YAML (secrets masked)."""
+    import yaml
+
+    cfg = load_or_exit(config)
+    typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
+
+
+def _bus_from(config: ConfigOption):  # type: ignore[no-untyped-def]
+    from searchr1.bus import TrajectoryBus
+
+    cfg = load_or_exit(config)
+    if not cfg.redis.url:
+        typer.secho("error: redis.url is not set (SEARCHR1_REDIS__URL)", err=True, fg="red")
+        raise typer.Exit(2)
+    return TrajectoryBus.from_url(cfg.redis.url, cfg.bus)
+
+
+@bus_app.command("stats")
+def bus_stats(config: ConfigOption = None) -> None:
+    """Backlog, pending and dead-letter counts of the trajectory stream."""
+
+    async def run() -> None:
+        bus = _bus_from(config)
+        try:
+            await bus.ensure_group()
+            backlog = await bus.backlog()
+            pending = await bus.pending_count()
+            dead = await bus.redis.xlen(bus.dead_stream)
+            typer.echo(
+                f"stream={bus.stream} group={bus.group} backlog={backlog} "
+                f"pending={pending} undelivered={backlog - pending} dead_letters={dead}"
+            )
+        finally:
+            await bus.close()
+
+    asyncio.run(run())
+
+
+@bus_app.command("dead-letters")
+def bus_dead_letters(
+    config: ConfigOption = None,
+    count: int = typer.Option(20, min=1, help="How many to show, oldest first."),
+) -> None:
+    """List dead-lettered entries with the reason each was rejected."""
+
+    async def run() -> None:
+        bus = _bus_from(config)
+        try:
+            for row in await bus.dead_letters(count):
+                size = len(row.get("data", b""))
+                reason = row["error"].decode()
+                typer.echo(f"{row['id']} source={row['source_id'].decode()} {reason=} {size=}")
+        finally:
+            await bus.close()
+
+    asyncio.run(run())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Small helpers shared by every service's CLI: the --config option and config loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from searchr1.config import ConfigError, StackConfig, load_config
+from searchr1.logs import setup_logging
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Stack config YAML (sections per service); env SEARCHR1_<SECTION>__<FIELD> overrides.",
+        envvar="SEARCHR1_CONFIG",
+        dir_okay=False,
+    ),
+]
+
+
+def load_or_exit(path: Path | None) -> StackConfig:
+    """Load the config, or print the offending fields and exit with status 2."""
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
+
+
+def start_service(service: str, path: Path | None) -> StackConfig:
+    """Load the config and set up logging for a long-running service process."""
+    cfg = load_or_exit(path)
+    setup_logging(service, cfg.logging.level, cfg.logging.json_format)
+    return cfg
+
+
+def print_section(section: object) -> None:
+    import yaml
+    from pydantic import BaseModel
+
+    assert isinstance(section, BaseModel)
+    typer.echo(yaml.safe_dump(section.model_dump(mode="json"), sort_keys=False).rstrip())

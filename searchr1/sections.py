@@ -1,0 +1,53 @@
+"""Config sections shared by several services (HTTP listener, logging, Redis, the bus).
+
+Service-specific sections live in each service's own `config.py`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base for config sections: unknown keys are errors (a typo must not be ignored)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class HttpConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    graceful_shutdown_s: float = Field(
+        default=30.0, gt=0, description="How long in-flight requests may finish after SIGTERM."
+    )
+
+
+class LoggingConfig(Section):
+    level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$")
+    json_format: bool = True
+
+
+class RedisConfig(Section):
+    # None: `searchr1 local` starts an embedded server; services started alone require a URL.
+    url: str | None = Field(default=None, description="e.g. redis://:password@host:6379/0")
+
+
+class BusConfig(Section):
+    stream: str = Field(default="searchr1:trajectories", min_length=1)
+    group: str = Field(default="trainer", min_length=1)
+    consumer: str | None = Field(
+        default=None, description="Consumer name; default hostname-pid. Keep it stable to resume."
+    )
+    max_backlog: int = Field(
+        default=4096, ge=1, description="Producer blocks while this many entries are unacked."
+    )
+    reclaim_idle_s: float = Field(
+        default=60.0, gt=0, description="Entries pending this long on a consumer are reclaimed."
+    )
+    dedup_retention_s: float = Field(
+        default=7 * 24 * 3600.0, gt=0, description="How long consumed trajectory ids are kept."
+    )
+    reconnect_timeout_s: float = Field(
+        default=120.0, gt=0, description="Give up after Redis is unreachable this long."
+    )
+    backpressure_poll_s: float = Field(default=0.05, gt=0)

@@ -1,0 +1,192 @@
+"""The HTTP plumbing every service shares.
+
+`create_service_app` returns a FastAPI app with:
+- `GET /health`: the process is alive (never touches dependencies);
+- `GET /ready`: every registered readiness check passes (Redis reachable, index loaded, ...);
+  503 with the failing checks otherwise;
+- `GET /metrics`: Prometheus text format;
+- a request-id middleware (`X-Request-ID` in and out, attached to every log line) that also
+  counts requests and observes latency per route.
+
+`serve_http` runs an app under uvicorn; SIGTERM/SIGINT stop accepting connections, let in-flight
+requests finish (bounded by `graceful_shutdown_s`), run the app's lifespan shutdown (where a
+service hands back in-flight work) and return, so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from pydantic import SecretStr
+
+from searchr1.logs import request_id_var
+from searchr1.sections import HttpConfig
+
+log = logging.getLogger(__name__)
+
+# A readiness check returns None (or a short detail string) when ready and raises when not.
+ReadyCheck = Callable[[], Awaitable[str | None]]
+
+HTTP_REQUESTS = Counter(
+    "searchr1_http_requests_total",
+    "HTTP requests served",
+    ["service", "route", "method", "status"],
+)
+HTTP_LATENCY = Histogram(
+    "searchr1_http_request_duration_seconds",
+    "HTTP request latency",
+    ["service", "route"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+HTTP_ERRORS = Counter(
+    "searchr1_http_unhandled_errors_total",
+    "Requests that failed with an unhandled exception (HTTP 500)",
+    ["service", "route"],
+)
+
+READY_CHECK_TIMEOUT_S = 3.0
+
+
+def _route_template(request: Request) -> str:
+    # The route template ("/items/{id}"), not the raw path, keeps label cardinality bounded.
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "<unmatched>"
+
+
+def create_service_app(
+    service: str,
+    *,
+    ready_checks: Mapping[str, ReadyCheck] | None = None,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]] | None = None,
+) -> FastAPI:
+    """A FastAPI app with health, readiness, metrics and request-id plumbing installed."""
+    app = FastAPI(title=f"searchr1 {service}", lifespan=lifespan)
+    app.state.service = service
+    app.state.ready_checks = dict(ready_checks or {})
+
+    @app.middleware("http")
+    async def request_context(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-ID"] = rid
+            return response
+        except Exception:
+            route = _route_template(request)
+            HTTP_ERRORS.labels(service, route).inc()
+            log.exception("unhandled error", extra={"route": route, "method": request.method})
+            return JSONResponse(
+                {"error": "internal error", "request_id": rid},
+                status_code=500,
+                headers={"X-Request-ID": rid},
+            )
+        finally:
+            route = _route_template(request)
+            elapsed = time.perf_counter() - start
+            HTTP_REQUESTS.labels(service, route, request.method, str(status)).inc()
+            HTTP_LATENCY.labels(service, route).observe(elapsed)
+            request_id_var.reset(token)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # One readable sentence per problem, naming the field, instead of a nested blob only.
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{loc}: {err.get('msg')}")
+        return JSONResponse(
+            {"error": "; ".join(problems), "detail": exc.errors()},
+            status_code=422,
+        )
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "service": service}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        results = await run_ready_checks(app.state.ready_checks)
+        ok = all(r["ok"] for r in results.values())
+        return JSONResponse(
+            {"ready": ok, "service": service, "checks": results}, status_code=200 if ok else 503
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def run_ready_checks(checks: Mapping[str, ReadyCheck]) -> dict[str, dict[str, Any]]:
+    async def one(check: ReadyCheck) -> dict[str, Any]:
+        try:
+            detail = await asyncio.wait_for(check(), READY_CHECK_TIMEOUT_S)
+            return {"ok": True, "detail": detail}
+        except TimeoutError:
+            return {"ok": False, "detail": f"timed out after {READY_CHECK_TIMEOUT_S}s"}
+        except Exception as e:  # a failing check is a result, reported in the response
+            return {"ok": False, "detail": f"{type(e).__name__}: {e}"}
+
+    names = list(checks)
+    outcomes = await asyncio.gather(*(one(checks[n]) for n in names))
+    return dict(zip(names, outcomes, strict=True))
+
+
+def require_token(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency guarding state-changing endpoints with a shared bearer token.
+
+    With no token configured the endpoint is open (local development); with one, requests
+    need `Authorization: Bearer <token>` and get 401 otherwise.
+    """
+    import hmac
+
+    expected = token.get_secret_value() if token else None
+
+    async def check(authorization: str | None = Header(default=None)) -> None:
+        if expected is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+
+    return check
+
+
+def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        host=http.host,
+        port=http.port,
+        log_config=None,  # keep our logging set-up
+        timeout_graceful_shutdown=http.graceful_shutdown_s,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+async def serve_http(app: FastAPI, http: HttpConfig) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully (see module docstring)."""
+    server = uvicorn_server(app, http)
+    log.info("listening", extra={"host": http.host, "port": http.port})
+    await server.serve()
+    log.info("stopped")
+
+
+def run_http(app: FastAPI, http: HttpConfig) -> None:
+    asyncio.run(serve_http(app, http))

@@ -1,0 +1,24 @@
+"""Shared fixtures. Services run as real processes; Redis is a real redis-server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from searchr1.redis_server import RedisServer  # noqa: E402
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
+    """A fresh redis-server (AOF on, appendfsync always) on a free loopback port."""
+    server = RedisServer(data_dir=tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,1 @@
+"""GRPO training from the trajectory bus; checkpoints; weight pushes to inference."""
