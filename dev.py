@@ -64,7 +64,7 @@ def _install_torch(pip: list[str]) -> None:
 
 def ensure_env() -> None:
     """Create `.venv` and install searchr1 (editable, with dev extras) unless already current."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs under any system python
         sys.exit("dev.py: searchr1 needs Python >= 3.11")
     if not _bin("python").exists():
         print(f"creating virtual environment in {VENV}", flush=True)

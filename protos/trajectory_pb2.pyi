@@ -121,7 +121,7 @@ class Trajectory(_message.Message):
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     response_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    loss_mask: bytes
     rollout_logprobs: _containers.RepeatedScalarFieldContainer[float]
     has_rollout_logprobs: bool
     reward: Reward
@@ -134,4 +134,4 @@ class Trajectory(_message.Message):
     gold_answers: _containers.RepeatedScalarFieldContainer[str]
     rollout_step: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., data_source: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., has_rollout_logprobs: _Optional[bool] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., weight_version: _Optional[int] = ..., max_weight_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., gold_answers: _Optional[_Iterable[str]] = ..., rollout_step: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., data_source: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., has_rollout_logprobs: _Optional[bool] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., weight_version: _Optional[int] = ..., max_weight_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., gold_answers: _Optional[_Iterable[str]] = ..., rollout_step: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -156,14 +156,12 @@ class TrajectoryBus:
             REDIS_RETRIES.labels(op).inc()
             if state.attempt_number == 1:  # log once per outage, not per attempt
                 exc = state.outcome.exception() if state.outcome else None
-                log.warning(
-                    "redis unreachable; retrying", extra={"op": op, "error": repr(exc)}
-                )
+                log.warning("redis unreachable; retrying", extra={"op": op, "error": repr(exc)})
 
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(_RETRYABLE),
-                wait=wait_exponential_jitter(initial=0.05, max=2.0),
+                wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
                 stop=stop_after_delay(self.config.reconnect_timeout_s),
                 before_sleep=before_sleep,
                 reraise=True,
@@ -386,9 +384,7 @@ class TrajectoryBus:
             return
         await self._retrying(
             "heartbeat",
-            lambda: self.redis.xclaim(
-                self.stream, self.group, self.consumer, 0, held, justid=True
-            ),
+            lambda: self.redis.xclaim(self.stream, self.group, self.consumer, 0, held, justid=True),
         )
 
     async def ack(self, receipts: Iterable[Receipt | Delivery]) -> int:
@@ -427,12 +423,8 @@ class TrajectoryBus:
         rows = await self._retrying(
             "dead_letters", lambda: self.redis.xrange(self.dead_stream, count=count)
         )
-        return [
-            {"id": _s(eid), **{_s(k): v for k, v in fields.items()}} for eid, fields in rows
-        ]
+        return [{"id": _s(eid), **{_s(k): v for k, v in fields.items()}} for eid, fields in rows]
 
     async def pending_count(self) -> int:
-        info = await self._retrying(
-            "pending", lambda: self.redis.xpending(self.stream, self.group)
-        )
+        info = await self._retrying("pending", lambda: self.redis.xpending(self.stream, self.group))
         return int(info["pending"])

@@ -10,13 +10,13 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import typer  # noqa: E402
+import typer
 
-from inference.cli import app as inference_app  # noqa: E402
-from orchestrator.cli import app as orchestrator_app  # noqa: E402
-from retriever.cli import app as retriever_app  # noqa: E402
-from searchr1.cli_common import ConfigOption, load_or_exit  # noqa: E402
-from trainer.cli import app as trainer_app  # noqa: E402
+from inference.cli import app as inference_app
+from orchestrator.cli import app as orchestrator_app
+from retriever.cli import app as retriever_app
+from searchr1.cli_common import ConfigOption, load_or_exit
+from trainer.cli import app as trainer_app
 
 app = typer.Typer(
     help="searchr1: train LMs to reason and search with multi-turn RL (the Search-R1 recipe).",

@@ -65,7 +65,6 @@ class StackConfig(BaseSettings):
 SECRET_KEYS = {"admin_token"}
 
 
-
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = []
     for e in err.errors():

@@ -36,8 +36,8 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server child process on loopback; AOF persistence on by default.
 
-    `appendfsync always` makes every acknowledged write durable, which is what the bus needs
-    to lose nothing across a restart.
+    `appendfsync always` (the default) makes every acknowledged write durable, which is what the
+    bus needs to lose nothing across a crash; `everysec` risks the last second.
     """
 
     def __init__(
@@ -46,6 +46,7 @@ class RedisServer:
         data_dir: str | Path | None = None,
         *,
         appendonly: bool = True,
+        appendfsync: str = "always",
         password: str | None = None,
         binary: str | None = None,
     ) -> None:
@@ -54,6 +55,7 @@ class RedisServer:
         self.data_dir = Path(data_dir or self._tmp.name)  # type: ignore[union-attr]
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.password = password
         self.binary = binary or find_redis_binary()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -78,7 +80,7 @@ class RedisServer:
             "--logfile", str(self.log_path),
         ]  # fmt: skip
         if self.appendonly:
-            cmd += ["--appendonly", "yes", "--appendfsync", "always"]
+            cmd += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         if self.password:
             cmd += ["--requirepass", self.password]
         return cmd

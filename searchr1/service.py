@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -180,8 +182,18 @@ def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
+def _exit_cleanly_after_shutdown() -> None:
+    # uvicorn re-raises the captured SIGTERM/SIGINT once its graceful shutdown is done; with
+    # the default handlers that kills the process (status 143). No-op handlers let serve()
+    # return so the process exits 0. Only possible (and needed) in the main thread.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+
+
 async def serve_http(app: FastAPI, http: HttpConfig) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (see module docstring)."""
+    _exit_cleanly_after_shutdown()
     server = uvicorn_server(app, http)
     log.info("listening", extra={"host": http.host, "port": http.port})
     await server.serve()

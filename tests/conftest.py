@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from searchr1.redis_server import RedisServer  # noqa: E402
+from searchr1.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -22,3 +22,11 @@ def redis_server(tmp_path) -> Iterator[RedisServer]:  # type: ignore[no-untyped-
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A tiny random Qwen2 model + tokenizer (Hugging Face directory), built offline once."""
+    from inference.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))

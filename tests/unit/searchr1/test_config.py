@@ -1,0 +1,85 @@
+"""Config: YAML sections, env overrides, errors naming the field, secrets from env only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from searchr1.cli import app
+from searchr1.config import ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load_config()
+    assert cfg.retriever.http.port == 8000
+    assert cfg.inference.http.port == 30000
+    assert cfg.bus.group == "trainer"
+    assert cfg.admin_token is None
+
+
+def test_yaml_sections_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "retriever:\n  http:\n    port: 9100\nbus:\n  max_backlog: 12\n")
+    assert load_config(path).retriever.http.port == 9100
+    monkeypatch.setenv("SEARCHR1_RETRIEVER__HTTP__PORT", "9200")
+    cfg = load_config(path)
+    assert cfg.retriever.http.port == 9200  # env beats the file
+    assert cfg.bus.max_backlog == 12  # the rest of the file still applies
+
+
+def test_invalid_value_names_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "bus:\n  max_backlog: -3\n")
+    with pytest.raises(ConfigError, match=r"bus\.max_backlog: Input should be greater than"):
+        load_config(path)
+
+
+def test_invalid_env_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEARCHR1_TRAINER__HTTP__PORT", "eighty")
+    with pytest.raises(ConfigError, match=r"trainer\.http\.port"):
+        load_config()
+
+
+def test_unknown_key_is_an_error_not_ignored(tmp_path: Path) -> None:
+    path = write(tmp_path, "retriever:\n  htp:\n    port: 1\n")
+    with pytest.raises(ConfigError, match=r"retriever\.htp: Extra inputs are not permitted"):
+        load_config(path)
+
+
+def test_secrets_only_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="SEARCHR1_ADMIN_TOKEN"):
+        load_config(write(tmp_path, "admin_token: hunter2\n"))
+    monkeypatch.setenv("SEARCHR1_ADMIN_TOKEN", "s3cret")
+    cfg = load_config()
+    assert cfg.admin_token is not None
+    assert cfg.admin_token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(cfg)
+
+
+def test_broken_yaml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "retriever: [unclosed\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_reports_the_field_and_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, "orchestrator:\n  http:\n    port: abc\n")
+    result = CliRunner().invoke(app, ["config", "validate", "--config", str(path)])
+    assert result.exit_code == 2
+    assert "orchestrator.http.port" in result.output
+    ok = CliRunner().invoke(app, ["config", "validate"])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_cli_has_a_group_per_service() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for group in ("retriever", "inference", "orchestrator", "trainer"):
+        assert group in result.output
