@@ -53,8 +53,9 @@ def _fingerprint() -> str:
 
 def _install_torch(pip: list[str]) -> None:
     # Torch first and pinned to the CPU build: otherwise a dependency pulls the multi-GB CUDA
-    # build. A local wheel (pip's configured find-links) is preferred; else the CPU index.
-    if _run([*pip, "install", "-q", "--no-index", TORCH_PIN]) == 0:
+    # build. A local wheel (pip's configured find-links) is preferred, installed without its
+    # dependencies (they come from the package index in the next step); else the CPU index.
+    if _run([*pip, "install", "-q", "--no-index", "--no-deps", TORCH_PIN]) == 0:
         return
     if sys.platform == "darwin":
         _check([*pip, "install", "-q", TORCH_PIN])  # macOS wheels on PyPI are CPU-only
