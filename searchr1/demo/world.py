@@ -1,0 +1,142 @@
+"""A synthetic knowledge world for the demo: facts a model cannot know without searching.
+
+Fictional people, towns and countries with made-up names; passages in the Search-R1 corpus
+format (`contents` = quoted title line + body); single-hop questions (a person's birthplace,
+one search) and two-hop questions (the country of a person's birthplace, two searches).
+Everything is a pure function of the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+_ONSETS = ["b", "br", "d", "dr", "f", "g", "k", "kr", "l", "m", "n", "p", "qu", "r", "s", "t",
+           "th", "v", "z", "zh"]  # fmt: skip
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
+_CODAS = ["", "", "n", "r", "l", "s", "th", "k", "m"]
+PROFESSIONS = ["painter", "sailor", "astronomer", "baker", "poet", "engineer", "weaver",
+               "botanist", "violinist", "cartographer"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Person:
+    name: str
+    town: str
+    profession: str
+
+
+@dataclass(frozen=True)
+class Town:
+    name: str
+    country: str
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    answers: list[str]
+    hops: int
+    split: str  # "train" | "test"
+    data_source: str  # "synthetic_1hop" | "synthetic_2hop"
+
+
+@dataclass(frozen=True)
+class World:
+    people: list[Person]
+    towns: list[Town]
+    countries: list[str]
+    questions: list[Question]
+
+    def corpus_rows(self) -> list[dict[str, str]]:
+        """Search-R1 corpus rows: `{"id", "contents": "\\"Title\\"\\nbody"}`."""
+        rows = []
+        for p in self.people:
+            body = f"{p.name} is a {p.profession} who was born in {p.town}."
+            rows.append(f'"{p.name}"\n{body}')
+        for t in self.towns:
+            rows.append(f'"{t.name}"\n{t.name} is a town in {t.country}.')
+        for c in self.countries:
+            rows.append(f'"{c}"\n{c} is a country far away.')
+        return [{"id": str(i), "contents": c} for i, c in enumerate(rows)]
+
+    def split(self, split: str) -> list[Question]:
+        return [q for q in self.questions if q.split == split]
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
+    return ("".join(parts) + rng.choice(_CODAS)).capitalize()
+
+
+def _unique_words(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        w = _word(rng, syllables)
+        if w not in taken:
+            taken.add(w)
+            out.append(w)
+    return out
+
+
+def generate_world(
+    seed: int = 0,
+    *,
+    n_people: int = 400,
+    n_towns: int = 40,
+    n_countries: int = 8,
+    two_hop_fraction: float = 0.25,
+    test_fraction: float = 0.2,
+) -> World:
+    """A deterministic world; each person yields one question (1-hop or 2-hop)."""
+    if not 0 <= two_hop_fraction <= 1 or not 0 < test_fraction < 1:
+        raise ValueError("two_hop_fraction must be in [0, 1] and test_fraction in (0, 1)")
+    rng = random.Random(seed)
+    taken: set[str] = set()
+    countries = _unique_words(rng, n_countries, 2, taken)
+    town_names = _unique_words(rng, n_towns, 2, taken)
+    towns = [Town(name, countries[i % n_countries]) for i, name in enumerate(town_names)]
+    people = []
+    for _ in range(n_people):
+        first, last = _unique_words(rng, 2, 2, taken)
+        town = rng.choice(towns)
+        people.append(Person(f"{first} {last}", town.name, rng.choice(PROFESSIONS)))
+    country_of = {t.name: t.country for t in towns}
+    questions = []
+    for p in people:
+        split = "test" if rng.random() < test_fraction else "train"
+        if rng.random() < two_hop_fraction:
+            questions.append(
+                Question(f"In which country was {p.name} born?", [country_of[p.town]], 2,
+                         split, "synthetic_2hop")
+            )  # fmt: skip
+        else:
+            questions.append(
+                Question(f"In which town was {p.name} born?", [p.town], 1, split,
+                         "synthetic_1hop")
+            )  # fmt: skip
+    return World(people, towns, countries, questions)
+
+
+def write_world(world: World, out_dir: Path) -> dict[str, Path]:
+    """Write `corpus.jsonl` and FlashRAG-style `train.jsonl` / `test.jsonl` question files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"corpus": out_dir / "corpus.jsonl"}
+    with paths["corpus"].open("w") as f:
+        for row in world.corpus_rows():
+            f.write(json.dumps(row) + "\n")
+    for split in ("train", "test"):
+        paths[split] = out_dir / f"{split}.jsonl"
+        with paths[split].open("w") as f:
+            for i, q in enumerate(world.split(split)):
+                row = {
+                    "id": f"{split}_{i}",
+                    "question": q.question,
+                    "golden_answers": q.answers,
+                    "hops": q.hops,
+                    "data_source": q.data_source,
+                }
+                f.write(json.dumps(row) + "\n")
+    return paths

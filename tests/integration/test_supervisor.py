@@ -1,0 +1,125 @@
+"""The process supervisor behind `searchr1 local`, with real child processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from searchr1.local.supervisor import ChildFailed, RestartPolicy, ServiceSpec, Supervisor
+from searchr1.redis_server import free_port
+
+PY = sys.executable
+ENV = {"PYTHONPATH": os.getcwd()}
+
+
+def http_service(name: str) -> ServiceSpec:
+    port = free_port()
+    return ServiceSpec(
+        name=name,
+        command=[PY, "-m", "tests.integration.slow_service", str(port)],
+        ready_url=f"http://127.0.0.1:{port}/ready",
+        env=ENV,
+        ready_timeout_s=30,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); read its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_starts_in_order_waits_ready_and_stops_gracefully(tmp_path: Path) -> None:
+    sup = Supervisor([http_service("a"), http_service("b")], tmp_path, grace_s=10)
+    sup.start()
+    try:
+        assert [c.status for c in sup.children] == ["ready", "ready"]
+        assert sup.check() is True
+    finally:
+        sup.stop()
+    assert [c.proc.returncode for c in sup.children] == [0, 0]  # SIGTERM -> graceful exit 0
+    assert "handed back in-flight work" in (tmp_path / "a.log").read_text()
+
+
+def test_a_dead_child_is_named_with_its_last_log_lines(tmp_path: Path) -> None:
+    crasher = ServiceSpec(
+        name="retriever",
+        command=[PY, "-c", "import time,sys; time.sleep(0.5); print('fatal: index missing');"
+                 " sys.exit(3)"],
+    )  # fmt: skip
+    sup = Supervisor([http_service("redis-ish"), crasher], tmp_path, poll_s=0.05)
+    sup.start()
+    with pytest.raises(ChildFailed) as info:
+        sup.run()
+    err = info.value
+    assert err.name == "retriever"
+    assert "exited with status 3" in str(err)
+    assert "fatal: index missing" in str(err)
+    assert all(c.proc.poll() is not None for c in sup.children)  # the rest was stopped
+
+
+def test_never_ready_fails_start_and_cleans_up(tmp_path: Path) -> None:
+    first = http_service("ok")
+    broken = ServiceSpec(
+        name="broken",
+        command=[PY, "-c", "print('cannot load model'); raise SystemExit(2)"],
+        ready_url="http://127.0.0.1:9/ready",
+    )
+    sup = Supervisor([first, broken], tmp_path)
+    with pytest.raises(ChildFailed, match="broken exited with status 2 before it was ready"):
+        sup.start()
+    assert sup.children[0].proc.poll() is not None
+
+
+def test_on_failure_restarts_up_to_the_limit(tmp_path: Path) -> None:
+    flaky = ServiceSpec(
+        name="flaky",
+        command=[PY, "-c", "import time; time.sleep(0.2); raise SystemExit(1)"],
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=2,
+    )
+    sup = Supervisor([flaky], tmp_path, poll_s=0.05)
+    sup.start()
+    with pytest.raises(ChildFailed, match="flaky exited with status 1"):
+        sup.run()
+    assert sup.children[0].restarts == 2
+
+
+def test_a_finishing_child_ends_the_stack_successfully(tmp_path: Path) -> None:
+    job = ServiceSpec(name="trainer", command=[PY, "-c", "print('done')"], exit_ends_stack=True)
+    sup = Supervisor([http_service("server"), job], tmp_path, poll_s=0.05)
+    sup.start()
+    sup.run()  # returns instead of raising
+    assert sup.children[1].status == "exited"
+    assert sup.children[0].proc.returncode == 0
+
+
+def test_stop_leaves_no_orphans(tmp_path: Path) -> None:
+    # The child starts a grandchild that ignores SIGTERM; both must be gone after stop().
+    script = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 1000'])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(1000)\n"
+    )
+    sup = Supervisor([ServiceSpec(name="parent", command=[PY, "-c", script])], tmp_path, grace_s=2)
+    sup.start()
+    log_path = tmp_path / "parent.log"
+    deadline = time.monotonic() + 10
+    while not log_path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(log_path.read_text().split()[0])
+    assert alive(grandchild)
+    sup.stop()
+    time.sleep(0.2)
+    assert not alive(grandchild)
