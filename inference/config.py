@@ -2,10 +2,65 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from searchr1.sections import HttpConfig, Section
 
 
+class TorchEngineConfig(Section):
+    """The reference engine (`--engine torch`): a Hugging Face causal LM served with batching."""
+
+    device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Weights and activations; logprobs are always fp32."
+    )
+    max_running_requests: int = Field(
+        default=128, ge=1, description="Requests decoded together in one batch at most."
+    )
+    max_queued_requests: int = Field(
+        default=4096, ge=1, description="Waiting requests beyond this get 429 (back-pressure)."
+    )
+    max_prefill_per_step: int = Field(
+        default=16, ge=1, description="New requests admitted (prefilled) between decode steps."
+    )
+    context_length: int | None = Field(
+        default=None, ge=2, description="Prompt + output tokens; default: the model's maximum."
+    )
+    weight_group_timeout_s: float = Field(
+        default=600.0, gt=0, description="Timeout of collectives on the weight-update group."
+    )
+
+
+class SglangConfig(Section):
+    """`--engine sglang`: how our config maps onto `python -m sglang.launch_server`."""
+
+    python: str = Field(default="python", description="Interpreter of SGLang's own venv/image.")
+    tp_size: int = Field(default=1, ge=1, description="--tp-size")
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    context_length: int | None = Field(default=None, ge=1)
+    device: str | None = Field(default=None, description="--device (cpu needs the workarounds)")
+    attention_backend: str | None = None
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    extra_args: list[str] = Field(default_factory=list, description="Passed through verbatim.")
+    router_python: str | None = Field(
+        default=None, description="Interpreter with sglang-router; default: `python`."
+    )
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    restart_backoff_s: float = Field(default=5.0, gt=0)
+    max_restarts: int = Field(default=5, ge=0, description="Restarts in a row before giving up.")
+
+
+class InferenceHttpConfig(HttpConfig):
+    # Its own class (not HttpConfig(port=...)): a partial override such as
+    # SEARCHR1_INFERENCE__HTTP__HOST must keep this default port.
+    port: int = Field(default=30000, ge=0, le=65535)
+
+
 class InferenceConfig(Section):
-    http: HttpConfig = Field(default_factory=lambda: HttpConfig(port=30000))
+    http: InferenceHttpConfig = Field(default_factory=InferenceHttpConfig)
+    engine: Literal["torch", "sglang"] = "torch"
+    model_path: str | None = Field(default=None, description="Local Hugging Face model directory.")
+    torch_engine: TorchEngineConfig = Field(default_factory=TorchEngineConfig)
+    sglang: SglangConfig = Field(default_factory=SglangConfig)

@@ -1,11 +1,136 @@
-"""Configuration of the orchestrator service (its section of the stack config file)."""
+"""Configuration of the orchestrator service (its section of the stack config file).
+
+Defaults follow slime's Search-R1 recipe (spec section 2): `max_turns=2` generation calls,
+512 new tokens per turn, top-3 documents, 256 concurrent searches, 8 samples per prompt.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from enum import StrEnum
+
+from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
 
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer "
+    "between <answer> and </answer>. Let me try again.\n"
+)
+
+
+class TurnSemantics(StrEnum):
+    # slime: `max_turns` counts generation calls (2 = one usable search, then an answer).
+    SLIME = "slime"
+    # original Search-R1: `max_turns` search rounds, then one final generation without search.
+    ORIGINAL = "original"
+
+
+class DataConfig(Section):
+    train_path: str | None = Field(default=None, description="Search-R1 parquet or JSONL rows.")
+    val_path: str | None = Field(default=None, description="Validation rows (default: none).")
+    val_size: int = Field(default=256, ge=1, description="Fixed validation subset size.")
+    seed: int = 0
+    shuffle: bool = True
+    max_prompts: int | None = Field(default=None, ge=1, description="Cap on training rows read.")
+
+
+class SearchConfig(Section):
+    retriever_url: str = "http://127.0.0.1:8000"
+    topk: int = Field(default=3, ge=1)
+    max_concurrency: int = Field(default=256, ge=1, description="Global cap on in-flight searches.")
+    timeout_s: float = Field(default=10.0, gt=0, description="Per attempt.")
+    max_attempts: int = Field(default=4, ge=1, description="1 + retries.")
+    backoff_initial_s: float = Field(default=0.2, ge=0)
+    backoff_max_s: float = Field(default=5.0, ge=0)
+    failure_observation: str = Field(
+        default="Search failed: {error}. No results are available for this query.",
+        description="Shown inside <information> when retries are exhausted; {error} is filled.",
+    )
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(default=8, ge=1, description="Samples per prompt (GRPO group).")
+    prompts_per_step: int = Field(default=32, ge=1)
+    turn_semantics: TurnSemantics = TurnSemantics.SLIME
+    max_turns: int = Field(default=2, ge=1)
+    max_tokens_per_turn: int = Field(default=512, ge=1)
+    max_response_tokens: int = Field(
+        default=4096, ge=1, description="Whole-response budget (model + observation tokens)."
+    )
+    observation_max_tokens: int | None = Field(
+        default=None, ge=1, description="Truncate each observation (original recipe: 500)."
+    )
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = -1
+    stop: list[str] = Field(default_factory=lambda: ["</search>", "</answer>"])
+    invalid_action_message: str = INVALID_ACTION_MESSAGE
+    max_concurrent_samples: int = Field(
+        default=1024, ge=1, description="Samples in flight at once (each is one async loop)."
+    )
+    custom_generate: str | None = Field(
+        default=None, description="Dotted path `pkg.mod:fn` replacing the multi-turn loop."
+    )
+
+
+class RewardConfig(Section):
+    function: str = Field(
+        default="em",
+        description="Built-in (em, sub_em, f1, shaped, weighted) or dotted path `pkg.mod:fn`.",
+    )
+    group: bool = Field(default=False, description="The function scores a whole group at once.")
+    correct_valid: float = 1.0
+    correct_invalid: float = 0.8
+    valid_wrong: float = 0.2
+    invalid_wrong: float = 0.1
+    invalid_no_answer: float = 0.0
+    retrieval_bonus: float = 0.0
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"em": 1.0},
+        description="For `weighted`: coefficient per component (em, sub_em, f1, format, ...).",
+    )
+
+
+class Mode(StrEnum):
+    SYNC = "sync"  # step k is generated with weights k, then waits for the trainer
+    ASYNC = "async"  # run ahead of the trainer by at most `max_staleness` versions
+
+
+class StalePolicy(StrEnum):
+    DROP = "drop"
+    REGENERATE = "regenerate"
+
+
+class OrchestratorHttpConfig(HttpConfig):
+    # Its own class (not HttpConfig(port=...)): a partial override such as
+    # SEARCHR1_ORCHESTRATOR__HTTP__HOST must keep this default port.
+    port: int = Field(default=8100, ge=0, le=65535)
+
 
 class OrchestratorConfig(Section):
-    http: HttpConfig = Field(default_factory=lambda: HttpConfig(port=8100))
+    http: OrchestratorHttpConfig = Field(default_factory=OrchestratorHttpConfig)
+    engine_url: str = "http://127.0.0.1:30000"
+    tokenizer_path: str | None = Field(
+        default=None, description="Default: the engine's model_path (from /get_model_info)."
+    )
+    run_id: str = Field(default="run", min_length=1, description="Names restart markers.")
+    mode: Mode = Mode.SYNC
+    max_staleness: int = Field(default=1, ge=0)
+    stale_policy: StalePolicy = StalePolicy.DROP
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
+    epochs: int = Field(default=1, ge=1)
+    weight_poll_s: float = Field(default=1.0, gt=0)
+    engine_retry_s: float = Field(
+        default=600.0, gt=0, description="How long a sample waits for a down engine."
+    )
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorConfig:
+        if self.rollout.max_tokens_per_turn > self.rollout.max_response_tokens:
+            raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_response_tokens")
+        return self

@@ -1,11 +1,107 @@
-"""Configuration of the retriever service (its section of the stack config file)."""
+"""Configuration of the retriever service (its section of the stack config file).
+
+Index *build* parameters live in the index directory's manifest (see `build.py`); this section
+holds what the serving process decides: listeners, request limits, batching, cache, and the
+run-time knobs of each backend. The serper API key is a secret: env `SERPER_API_KEY` only.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
 
 
+class LimitsConfig(Section):
+    """Request validation: anything outside these gets 422 with a message naming the field."""
+
+    default_topk: int = Field(default=3, ge=1, description="Used when topk is null or 0.")
+    max_topk: int = Field(default=100, ge=1)
+    max_queries: int = Field(default=512, ge=1, description="Queries per request.")
+    max_query_chars: int = Field(default=4096, ge=1)
+
+
+class BatchingConfig(Section):
+    """Cross-request micro-batching on one worker thread."""
+
+    max_batch: int = Field(default=64, ge=1, description="Queries encoded/searched together.")
+    max_wait_ms: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a non-full batch waits for more queries (only while work queued).",
+    )
+    max_pending: int = Field(
+        default=8192,
+        ge=1,
+        description="Queued queries beyond this get 429 / RESOURCE_EXHAUSTED.",
+    )
+
+
+class CacheConfig(Section):
+    size: int = Field(default=100_000, ge=0, description="LRU entries; 0 disables the cache.")
+
+
+class DenseConfig(Section):
+    """Run-time settings of the dense backend (the index type comes from the manifest)."""
+
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    encode_batch_size: int = Field(default=64, ge=1)
+    # On one CPU core faiss Flat over a batch is slower than a torch matmul + top-k
+    # (memory-bound; see docs/benchmarks.md); "auto" uses torch for Flat, faiss otherwise.
+    flat_search: Literal["auto", "torch", "faiss"] = "auto"
+    hnsw_ef_search: int = Field(default=256, ge=1)
+    ivf_nprobe: int = Field(default=32, ge=1)
+    torch_threads: int = Field(default=1, ge=1, description="Intra-op threads for encode/search.")
+
+
+class SerperConfig(Section):
+    """Web search through serper.dev (key from env SERPER_API_KEY, never from the file)."""
+
+    url: str = "https://google.serper.dev/search"
+    gl: str = "us"
+    hl: str = "en"
+    timeout_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=3, ge=0, description="Retries on 429/5xx/connection errors.")
+    backoff_s: float = Field(default=0.5, ge=0, description="First retry delay, doubled each time.")
+    rate_limit_qps: float = Field(default=10.0, gt=0, description="Client-side request rate cap.")
+    max_concurrency: int = Field(default=16, ge=1)
+
+
+class HybridConfig(Section):
+    """Fusion of dense and BM25 results, used when the index was built with `--backend hybrid`."""
+
+    rrf_k: int = Field(default=60, ge=1, description="Reciprocal-rank-fusion constant.")
+    candidates: int = Field(default=20, ge=1, description="Top-n taken from each backend.")
+
+
+class RetrieverHttpConfig(HttpConfig):
+    # Its own class (not HttpConfig(port=...)): a partial override such as
+    # SEARCHR1_RETRIEVER__HTTP__HOST must keep this default port.
+    port: int = Field(default=8000, ge=0, le=65535)
+
+
 class RetrieverConfig(Section):
-    http: HttpConfig = Field(default_factory=lambda: HttpConfig(port=8000))
+    http: RetrieverHttpConfig = Field(default_factory=RetrieverHttpConfig)
+    grpc_port: int | None = Field(
+        default=8001, ge=0, le=65535, description="gRPC Retriever.Search port; null disables."
+    )
+    index_dir: str | None = Field(
+        default=None, description="Index directory from `searchr1 retriever build` (or --index)."
+    )
+    backend: Literal["index", "web"] = Field(
+        default="index", description="index: the built index (dense/bm25); web: serper.dev."
+    )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    dense: DenseConfig = Field(default_factory=DenseConfig)
+    serper: SerperConfig = Field(default_factory=SerperConfig)
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrieverConfig:
+        if self.limits.default_topk > self.limits.max_topk:
+            raise ValueError("limits.default_topk must be <= limits.max_topk")
+        return self

@@ -14,6 +14,7 @@ import typer
 
 from inference.cli import app as inference_app
 from orchestrator.cli import app as orchestrator_app
+from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
 from searchr1.cli_common import ConfigOption, load_or_exit
 from trainer.cli import app as trainer_app
@@ -27,6 +28,8 @@ app.add_typer(retriever_app, name="retriever")
 app.add_typer(inference_app, name="inference")
 app.add_typer(orchestrator_app, name="orchestrator")
 app.add_typer(trainer_app, name="trainer")
+app.add_typer(data_app, name="data")
+app.command("eval")(eval_command)
 
 config_app = typer.Typer(help="Inspect and validate the stack configuration.", no_args_is_help=True)
 bus_app = typer.Typer(help="Inspect the trajectory bus (Redis streams).", no_args_is_help=True)
@@ -99,6 +102,38 @@ def bus_dead_letters(
             await bus.close()
 
     asyncio.run(run())
+
+
+@app.command("local")
+def local(
+    config: ConfigOption = None,
+    max_steps: int | None = typer.Option(None, min=1, help="Progress bar total (trainer steps)."),
+) -> None:
+    """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
+    import signal
+
+    from searchr1.local.launcher import run_local
+    from searchr1.local.supervisor import ChildFailed
+    from searchr1.logs import setup_logging
+
+    if config is None:
+        typer.secho("error: --config is required (the same file every service reads)", err=True)
+        raise typer.Exit(2)
+    cfg = load_or_exit(config)
+    setup_logging("local", cfg.logging.level, json_format=False)
+
+    def on_sigterm(*_: object) -> None:
+        raise KeyboardInterrupt  # the same clean stop as Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        run_local(cfg, config.resolve(), max_steps=max_steps)
+    except ChildFailed as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+        raise typer.Exit(130) from None
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from inference.config import InferenceConfig
 from orchestrator.config import OrchestratorConfig
 from retriever.config import RetrieverConfig
+from searchr1.local.config import LocalConfig
 from searchr1.sections import BusConfig, LoggingConfig, RedisConfig
 from trainer.config import TrainerConfig
 
@@ -45,6 +46,7 @@ class StackConfig(BaseSettings):
     inference: InferenceConfig = InferenceConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig = TrainerConfig()
+    local: LocalConfig = LocalConfig()
     # Shared token for state-changing endpoints (weight updates, cache flush, admin).
     admin_token: SecretStr | None = None
 

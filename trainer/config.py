@@ -1,11 +1,179 @@
-"""Configuration of the trainer service (its section of the stack config file)."""
+"""Configuration of the trainer service (its section of the stack config file).
+
+Each component gets its own sub-section (advantages, loss, TIS, optimizer, batching,
+checkpoints, weight push); defaults follow spec section 5 (slime's Search-R1 recipe).
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from enum import StrEnum
+
+from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
 
 
+class AdvantageConfig(Section):
+    # Dr.GRPO drops the division by the group std.
+    normalize_std: bool = True
+    eps: float = Field(default=1e-6, gt=0)
+    # Groups whose rewards are all equal have zero advantage; optionally drop them entirely.
+    filter_degenerate_groups: bool = False
+
+
+class KLEstimator(StrEnum):
+    K1 = "k1"
+    K2 = "k2"
+    LOW_VAR_KL = "low_var_kl"
+
+
+class Aggregation(StrEnum):
+    TOKEN_MEAN = "token_mean"
+    SAMPLE_MEAN = "sample_mean"  # mean over samples of per-sample token means (slime default)
+
+
+class OldLogprobSource(StrEnum):
+    ROLLOUT = "rollout"  # the engine's logprobs are the behaviour policy
+    RECOMPUTE = "recompute"  # the trainer recomputes them before the update
+
+
+class LossConfig(Section):
+    eps_clip_low: float = Field(default=0.2, ge=0)
+    eps_clip_high: float = Field(default=0.28, ge=0)
+    kl_coef: float = Field(default=0.001, ge=0, description="0 disables the reference model.")
+    kl_estimator: KLEstimator = KLEstimator.LOW_VAR_KL
+    entropy_coef: float = Field(default=0.0, ge=0)
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    log_ratio_clamp: float = Field(default=20.0, gt=0, description="|log-ratio| bound before exp.")
+    old_logprobs: OldLogprobSource = OldLogprobSource.RECOMPUTE
+
+
+class TISMode(StrEnum):
+    OFF = "off"
+    TOKEN = "token"  # w = min(exp(old - rollout), C)
+    MIS = "mis"  # the richer variant below
+
+
+class TISLevel(StrEnum):
+    TOKEN = "token"
+    SEQUENCE = "sequence"  # product of the token ratios of a sequence
+    GEOMETRIC = "geometric"  # geometric mean of the token ratios of a sequence
+
+
+class TISAction(StrEnum):
+    TRUNCATE = "truncate"  # w = min(w, upper)
+    CLIP = "clip"  # w = clamp(w, lower, upper)
+    MASK = "mask"  # w = 0 outside [lower, upper]
+
+
+class TISConfig(Section):
+    mode: TISMode = TISMode.OFF
+    cap: float = Field(default=2.0, gt=0, description="C of the token-level TIS.")
+    level: TISLevel = TISLevel.TOKEN
+    action: TISAction = TISAction.TRUNCATE
+    lower: float = Field(default=0.5, ge=0)
+    upper: float = Field(default=2.0, gt=0)
+    veto_threshold: float | None = Field(
+        default=1e-4, ge=0, description="Zero a sequence when any token ratio is below this."
+    )
+    renormalize: bool = False
+    log_ratio_clamp: float = Field(default=20.0, gt=0)
+
+
+class LRSchedule(StrEnum):
+    CONSTANT = "constant"
+    WARMUP = "warmup"  # linear warm-up, then constant
+
+
+class OptimConfig(Section):
+    lr: float = Field(default=1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(default=0.01, ge=0)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    schedule: LRSchedule = LRSchedule.CONSTANT
+    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear warm-up.")
+
+
+class BatchConfig(Section):
+    groups_per_step: int = Field(default=32, ge=1, description="Prompt groups per rollout batch.")
+    num_minibatches: int = Field(
+        default=1, ge=1, description="Optimizer steps per rollout batch (1 = on-policy)."
+    )
+    max_tokens_per_microbatch: int = Field(
+        default=8192, ge=1, description="Token budget of one packed forward/backward."
+    )
+    packing: bool = Field(default=True, description="False: the padded path (for comparison).")
+    consume_block_s: float = Field(default=1.0, gt=0)
+
+
+class CheckpointConfig(Section):
+    dir: str | None = Field(default=None, description="None: no checkpoints (tests only).")
+    every_steps: int = Field(default=1, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+    export_dir: str | None = Field(
+        default=None, description="Also export a plain HF directory here at every checkpoint."
+    )
+
+
+class PushMode(StrEnum):
+    NONE = "none"
+    DISK = "disk"  # export HF dir + POST /update_weights_from_disk to every engine
+    DISTRIBUTED = "distributed"  # inference.weight_sync.WeightSender (gloo/NCCL broadcast)
+
+
+class WeightPushConfig(Section):
+    mode: PushMode = PushMode.NONE
+    every_steps: int = Field(default=1, ge=1)
+    engine_urls: list[str] = Field(default_factory=list)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(default=29600, ge=1, le=65535)
+    backend: str = Field(default="gloo", pattern="^(gloo|nccl)$")
+    bucket_bytes: int = Field(default=256 << 20, ge=1)
+    disk_dir: str | None = Field(default=None, description="Where disk pushes export weights.")
+
+
+class DType(StrEnum):
+    AUTO = "auto"  # bf16 on CUDA, fp32 on CPU
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class ModelConfig(Section):
+    path: str | None = Field(default=None, description="Hugging Face directory of the policy.")
+    dtype: DType = DType.AUTO
+    device: str = Field(default="auto", description="auto | cpu | cuda")
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+
+class TrainerHttpConfig(HttpConfig):
+    # Its own class (not HttpConfig(port=...)): a partial override such as
+    # SEARCHR1_TRAINER__HTTP__HOST must keep this default port.
+    port: int = Field(default=8200, ge=0, le=65535)
+
+
 class TrainerConfig(Section):
-    http: HttpConfig = Field(default_factory=lambda: HttpConfig(port=8200))
+    http: TrainerHttpConfig = Field(default_factory=TrainerHttpConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    tis: TISConfig = Field(default_factory=TISConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    weight_push: WeightPushConfig = Field(default_factory=WeightPushConfig)
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
+    metrics_jsonl: str | None = Field(default=None, description="Append one JSON line per step.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.tis.mode != TISMode.OFF and self.loss.old_logprobs != OldLogprobSource.RECOMPUTE:
+            raise ValueError(
+                "tis.mode needs loss.old_logprobs=recompute: with rollout logprobs as the old "
+                "policy every TIS weight is 1"
+            )
+        if self.tis.lower > self.tis.upper:
+            raise ValueError("tis.lower must be <= tis.upper")
+        return self

@@ -83,3 +83,16 @@ def test_cli_has_a_group_per_service() -> None:
     assert result.exit_code == 0
     for group in ("retriever", "inference", "orchestrator", "trainer"):
         assert group in result.output
+
+
+@pytest.mark.parametrize(
+    ("section", "port"),
+    [("retriever", 8000), ("inference", 30000), ("orchestrator", 8100), ("trainer", 8200)],
+)
+def test_partial_override_keeps_the_section_defaults(
+    tmp_path: Path, section: str, port: int
+) -> None:
+    # Setting only the host must not reset the service's own default port.
+    cfg = load_config(write(tmp_path, f"{section}:\n  http:\n    host: 0.0.0.0\n"))
+    http = getattr(cfg, section).http
+    assert (http.host, http.port) == ("0.0.0.0", port)

@@ -1,0 +1,146 @@
+"""`searchr1 local`: build the service processes from one config file and supervise them.
+
+Every child gets the same config file (`--config`) and the Redis URL in its environment, so the
+one config model drives this launcher, docker compose and the Helm chart alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from searchr1.config import StackConfig
+from searchr1.local.supervisor import ServiceSpec, Supervisor
+from searchr1.redis_server import RedisServer
+
+log = logging.getLogger(__name__)
+
+# service -> (sub-command, finishes the run when it exits 0)
+_COMMANDS = {
+    "retriever": (["retriever", "serve"], False),
+    "inference": (["inference", "serve"], False),
+    "orchestrator": (["orchestrator", "run"], False),
+    "trainer": (["trainer", "run"], True),
+}
+
+
+def searchr1_command() -> list[str]:
+    exe = Path(sys.executable).with_name("searchr1")
+    return [str(exe)] if exe.exists() else [shutil.which("searchr1") or "searchr1"]
+
+
+def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[ServiceSpec]:
+    specs = []
+    for name in cfg.local.services:
+        if name not in _COMMANDS:
+            raise ValueError(
+                f"local.services: unknown service {name!r} (choose from {sorted(_COMMANDS)})"
+            )
+        sub, finishes = _COMMANDS[name]
+        http = getattr(cfg, name).http
+        host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
+        specs.append(
+            ServiceSpec(
+                name=name,
+                command=[*searchr1_command(), *sub, "--config", str(config_path)],
+                ready_url=f"http://{host}:{http.port}/ready",
+                env={"SEARCHR1_REDIS__URL": redis_url, "SEARCHR1_CONFIG": str(config_path)},
+                restart=cfg.local.restart,
+                max_restarts=cfg.local.max_restarts,
+                ready_timeout_s=cfg.local.ready_timeout_s,
+                exit_ends_stack=finishes,
+            )
+        )
+    return specs
+
+
+@dataclass
+class StackStatus:
+    """What the progress view shows, scraped from the services' /metrics."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+    def scrape(self, client: httpx.Client, urls: dict[str, str]) -> None:
+        for url in urls.values():
+            try:
+                text = client.get(url).text
+            except httpx.HTTPError:
+                continue
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    key = sample.name
+                    if sample.labels.get("name"):
+                        key += f"[{sample.labels['name']}]"
+                    self.values[key] = sample.value
+
+
+def _render(sup: Supervisor, status: StackStatus, progress: Progress, task: int) -> Group:
+    table = Table(title="searchr1 local", expand=False)
+    for col in ("service", "status", "pid", "restarts", "log"):
+        table.add_column(col)
+    for c in sup.children:
+        table.add_row(c.spec.name, c.status, str(c.pid or "-"), str(c.restarts), str(c.log_path))
+    v = status.values
+    step = v.get("searchr1_trainer_step", 0.0)
+    progress.update(task, completed=step)
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row(
+        f"step {int(step)}",
+        f"reward {v.get('searchr1_rollout_reward_mean', float('nan')):.3f}",
+        f"EM {v.get('searchr1_rollout_em_mean', float('nan')):.3f}",
+        f"samples/s {v.get('searchr1_rollout_samples_per_second', 0.0):.2f}",
+        f"weights v{int(v.get('searchr1_trainer_weight_version', 0))}",
+    )
+    return Group(table, progress, summary)
+
+
+def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = None) -> None:
+    """Start Redis (embedded unless configured) and the services; supervise until done."""
+    redis: RedisServer | None = None
+    redis_url = cfg.redis.url
+    if not redis_url:
+        redis = RedisServer(data_dir=cfg.local.redis_dir).start()
+        redis_url = redis.url
+        log.info("embedded redis started", extra={"url": redis_url})
+    sup = Supervisor(
+        build_specs(cfg, config_path, redis_url), cfg.local.log_dir, grace_s=cfg.local.grace_s
+    )
+    metrics_urls = {
+        c.spec.name: c.spec.ready_url.removesuffix("/ready") + "/metrics"
+        for c in sup.children
+        if c.spec.ready_url
+    }
+    progress = Progress(
+        TextColumn("training"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total}"),
+        TimeElapsedColumn(),
+    )  # fmt: skip
+    task = progress.add_task("train", total=max_steps)
+    status = StackStatus()
+    try:
+        sup.start()
+        with httpx.Client(timeout=1.0) as client, Live(refresh_per_second=2) as live:
+            last_scrape = 0.0
+
+            def tick() -> None:
+                nonlocal last_scrape
+                if time.monotonic() - last_scrape > 1.0:
+                    status.scrape(client, metrics_urls)
+                    last_scrape = time.monotonic()
+                live.update(_render(sup, status, progress, task))
+
+            sup.run(on_tick=tick)
+    finally:
+        sup.stop()
+        if redis is not None:
+            redis.stop()
