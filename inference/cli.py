@@ -6,7 +6,10 @@ import typer
 
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section
 
-app = typer.Typer(help="Rollout generation: the SGLang HTTP protocol (SGLang on GPU, a reference engine on CPU).", no_args_is_help=True)
+app = typer.Typer(
+    help="Rollout generation: the SGLang HTTP protocol (SGLang on GPU, a reference engine on CPU).",
+    no_args_is_help=True,
+)
 
 
 @app.command("show-config")

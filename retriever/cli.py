@@ -6,7 +6,10 @@ import typer
 
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section
 
-app = typer.Typer(help="Search service: drop-in Search-R1 /retrieve API (HTTP + gRPC), dense/BM25/web backends.", no_args_is_help=True)
+app = typer.Typer(
+    help="Search service: drop-in Search-R1 /retrieve API (HTTP + gRPC), dense/BM25/web backends.",
+    no_args_is_help=True,
+)
 
 
 @app.command("show-config")
