@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 # Before anything imports torch/numpy: with several services on a few cores, default thread
 # pools oversubscribe and run 10-100x slower.
@@ -131,6 +132,40 @@ def local(
     except KeyboardInterrupt:
         typer.echo("stopped")
         raise typer.Exit(130) from None
+
+
+@app.command("demo")
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="Where every artifact of the run goes."),
+    seed: int = typer.Option(0, help="Seed of the world, the model and the training."),
+    steps: int = typer.Option(30, min=1, help="GRPO steps."),
+    quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
+) -> None:
+    """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from searchr1.demo.run import DemoConfig, run_demo
+    from searchr1.logs import setup_logging
+
+    setup_logging("demo", "INFO", json_format=False)
+    cfg = DemoConfig.quick_mode(out, seed) if quick else DemoConfig(out, seed, rl_steps=steps)
+    result = run_demo(cfg)
+    table = Table(title="held-out set: before vs after RL")
+    for col in ("metric", "warm start", "after GRPO"):
+        table.add_column(col)
+    for key, label in (
+        ("em", "exact match"),
+        ("sub_em", "sub-EM"),
+        ("searches_per_question", "searches / question"),
+        ("response_length", "response tokens"),
+    ):
+        before = result.get(f"{key}_before", float("nan"))
+        after = result.get(key if key == "searches_per_question" else f"{key}_after", float("nan"))
+        table.add_row(label, f"{before:.3f}", f"{after:.3f}")
+    Console().print(table)
+    typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
+    typer.echo(" ".join(f"{k}={v:.3f}" for k, v in result.items()))
 
 
 def main() -> None:

@@ -77,4 +77,6 @@ def setup_logging(service: str, level: str = "INFO", json_format: bool = True) -
         lg.propagate = True
     # Access logs duplicate our own request log line.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Libraries that narrate their own start-up at INFO.
+    for noisy in ("httpx", "faiss", "faiss.loader"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -26,12 +26,12 @@ from searchr1.redis_server import RedisServer
 
 log = logging.getLogger(__name__)
 
-# service -> (sub-command, finishes the run when it exits 0)
+# service -> (sub-command, may exit 0 when its job is done, its exit ends the run)
 _COMMANDS = {
-    "retriever": (["retriever", "serve"], False),
-    "inference": (["inference", "serve"], False),
-    "orchestrator": (["orchestrator", "run"], False),
-    "trainer": (["trainer", "run"], True),
+    "retriever": (["retriever", "serve"], False, False),
+    "inference": (["inference", "serve"], False, False),
+    "orchestrator": (["orchestrator", "run"], True, False),
+    "trainer": (["trainer", "run"], True, True),
 }
 
 
@@ -47,7 +47,7 @@ def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[Ser
             raise ValueError(
                 f"local.services: unknown service {name!r} (choose from {sorted(_COMMANDS)})"
             )
-        sub, finishes = _COMMANDS[name]
+        sub, may_finish, finishes = _COMMANDS[name]
         http = getattr(cfg, name).http
         host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
         specs.append(
@@ -60,6 +60,7 @@ def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[Ser
                 max_restarts=cfg.local.max_restarts,
                 ready_timeout_s=cfg.local.ready_timeout_s,
                 exit_ends_stack=finishes,
+                may_finish=may_finish,
             )
         )
     return specs

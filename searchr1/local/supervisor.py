@@ -51,6 +51,8 @@ class ServiceSpec:
     ready_timeout_s: float = 300.0
     # A child that finishes its job (exit 0) ends the stack successfully (e.g. the trainer).
     exit_ends_stack: bool = False
+    # Exit 0 is a normal completion, not a death (e.g. the orchestrator after max_steps).
+    may_finish: bool = False
 
 
 @dataclass
@@ -167,10 +169,12 @@ class Supervisor:
             if code is None:
                 continue
             spec = child.spec
-            if code == 0 and spec.exit_ends_stack:
+            if code == 0 and (spec.exit_ends_stack or spec.may_finish):
                 child.status = "exited"
                 log.info("finished", extra={"service": spec.name})
-                return False
+                if spec.exit_ends_stack:
+                    return False
+                continue
             tail = tail_lines(child.log_path)
             reason = f"exited with status {code}" + (
                 f" (signal {signal.Signals(-code).name})" if code < 0 else ""

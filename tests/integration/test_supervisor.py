@@ -123,3 +123,16 @@ def test_stop_leaves_no_orphans(tmp_path: Path) -> None:
     sup.stop()
     time.sleep(0.2)
     assert not alive(grandchild)
+
+
+def test_a_job_that_completes_is_not_a_death(tmp_path: Path) -> None:
+    rollouts = ServiceSpec(name="orchestrator", command=[PY, "-c", "pass"], may_finish=True)
+    trainer = ServiceSpec(
+        name="trainer",
+        command=[PY, "-c", "import time; time.sleep(1.0)"],
+        exit_ends_stack=True,
+    )
+    sup = Supervisor([rollouts, trainer], tmp_path, poll_s=0.05)
+    sup.start()
+    sup.run()
+    assert [c.status for c in sup.children] == ["exited", "exited"]

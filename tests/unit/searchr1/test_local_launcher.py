@@ -26,6 +26,7 @@ def test_specs_follow_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert all(s.env["SEARCHR1_REDIS__URL"] == "redis://127.0.0.1:7000/0" for s in specs)
     assert all(s.restart.value == "on-failure" for s in specs)
     assert [s.exit_ends_stack for s in specs] == [False, False, False, True]
+    assert [s.may_finish for s in specs] == [False, False, True, True]
 
 
 def test_unknown_service_is_named(tmp_path: Path) -> None:
