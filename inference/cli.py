@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section
+from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 app = typer.Typer(
     help="Rollout generation: the SGLang HTTP protocol (SGLang on GPU, a reference engine on CPU).",
@@ -16,3 +20,135 @@ app = typer.Typer(
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective inference section (file + environment + defaults)."""
     print_section(load_or_exit(config).inference)
+
+
+@app.command("make-tiny-model")
+def make_tiny_model_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    hidden_size: Annotated[int, typer.Option(min=16)] = 64,
+    num_layers: Annotated[int, typer.Option(min=1)] = 2,
+) -> None:
+    """Build a tiny random Qwen2 model + BPE tokenizer offline (Hugging Face directory)."""
+    from inference.tiny_model import make_tiny_model
+
+    path = make_tiny_model(out_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers)
+    typer.echo(str(path))
+
+
+class EngineKind(StrEnum):
+    torch = "torch"
+    sglang = "sglang"
+
+
+@app.command("serve")
+def serve(
+    config: ConfigOption = None,
+    engine: Annotated[
+        EngineKind | None, typer.Option(help="torch (reference, CPU/GPU) or sglang")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Local Hugging Face model directory.")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (overrides http.port).")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen host (overrides http.host).")] = None,
+    replicas: Annotated[
+        int, typer.Option(min=1, help="sglang only: N servers behind sglang-router.")
+    ] = 1,
+) -> None:
+    """Serve SGLang's native HTTP API: the reference engine, or a supervised SGLang."""
+    cfg = start_service("inference", config)
+    section = cfg.inference
+    if engine is not None:
+        section.engine = engine.value
+    if model is not None:
+        section.model_path = model
+    if port is not None:
+        section.http.port = port
+    if host is not None:
+        section.http.host = host
+    if not section.model_path:
+        typer.secho("error: inference.model_path is not set (--model)", err=True, fg="red")
+        raise typer.Exit(2)
+    if section.engine == "sglang":
+        from inference.sglang_launcher import run_sglang
+
+        raise typer.Exit(run_sglang(section, replicas=replicas))
+    if replicas != 1:
+        typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")
+        raise typer.Exit(2)
+    if not Path(section.model_path).is_dir():
+        typer.secho(
+            f"error: inference.model_path: {section.model_path} is not a directory",
+            err=True,
+            fg="red",
+        )
+        raise typer.Exit(2)
+
+    from inference.engine import TorchEngine
+    from inference.server import create_app
+    from searchr1.service import run_http
+
+    eng = TorchEngine(section.model_path, section.torch_engine)
+    run_http(create_app(eng, admin_token=cfg.admin_token), section.http)
+
+
+@app.command("push-weights")
+def push_weights(
+    checkpoint: Annotated[Path, typer.Argument(help="Directory with *.safetensors to send.")],
+    engine_url: Annotated[
+        list[str], typer.Option("--engine-url", help="Engine base URL (repeat for several).")
+    ],
+    master_port: Annotated[int, typer.Option(help="Port of the weight group's rendezvous.")],
+    master_addr: Annotated[str, typer.Option(help="Address engines reach us at.")] = "127.0.0.1",
+    backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (GPU)")] = "gloo",
+    bucket_mb: Annotated[int, typer.Option(min=1)] = 256,
+    group_name: Annotated[str, typer.Option()] = "searchr1-weights",
+) -> None:
+    """Broadcast a checkpoint to running engines (a trainer's weight update, standalone).
+
+    Prints one JSON line: bytes, seconds, GB/s and the new weight_version.
+    """
+    import asyncio
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    from inference.weight_sync import WeightSender
+
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        typer.secho(f"error: checkpoint: no *.safetensors in {checkpoint}", err=True, fg="red")
+        raise typer.Exit(2)
+
+    async def run() -> dict[str, float]:
+        sender = WeightSender(
+            engine_url,
+            master_addr=master_addr,
+            master_port=master_port,
+            backend=backend,
+            group_name=group_name,
+            bucket_bytes=bucket_mb << 20,
+            token=os.environ.get("SEARCHR1_ADMIN_TOKEN"),
+        )
+        try:
+            await sender.connect()
+            tensors = [item for f in files for item in load_file(str(f)).items()]
+            stats = await sender.push(tensors)
+        finally:
+            await sender.close()
+        return {
+            "bytes": stats.bytes,
+            "seconds": round(stats.seconds, 4),
+            "gb_per_s": round(stats.gbytes_per_s, 3),
+            "weight_version": stats.weight_version,
+        }
+
+    from inference.client import InferenceError
+
+    try:
+        typer.echo(json.dumps(asyncio.run(run())))
+    except InferenceError as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None

@@ -1,18 +1,165 @@
-"""`searchr1 orchestrator ...`: command-line wiring of the orchestrator service."""
+"""`searchr1 orchestrator ...`, `searchr1 data ...` and `searchr1 eval`: CLI wiring.
+
+Heavy imports (transformers, pyarrow) happen inside the commands so `--help` stays fast.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section
+from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 app = typer.Typer(
     help="Multi-turn search rollouts, rewards, and the trajectory stream into Redis.",
     no_args_is_help=True,
 )
+data_app = typer.Typer(help="Datasets in the Search-R1 row format.", no_args_is_help=True)
+
+
+def _fail(msg: str) -> typer.Exit:
+    typer.secho(f"error: {msg}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
 
 
 @app.command("show-config")
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective orchestrator section (file + environment + defaults)."""
     print_section(load_or_exit(config).orchestrator)
+
+
+@app.command("run")
+def run(
+    config: ConfigOption = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (overrides http.port).")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Training rows (overrides data.train_path).")
+    ] = None,
+) -> None:
+    """Roll out groups step by step and publish them to the bus; exits 0 when done."""
+    from orchestrator.data import DataError, load_prompts
+    from orchestrator.hooks import HookError
+    from orchestrator.scoring import Scorer
+    from orchestrator.service import serve
+
+    cfg = start_service("orchestrator", config)
+    orch = cfg.orchestrator
+    if port is not None:
+        orch.http.port = port
+    if data is not None:
+        orch.data.train_path = str(data)
+    if not cfg.redis.url:
+        raise _fail("redis.url is not set (SEARCHR1_REDIS__URL)")
+    if not orch.data.train_path:
+        raise _fail("orchestrator.data.train_path is not set (or pass --data)")
+    try:  # everything that can be checked without the other services fails here, not later
+        Scorer(orch.reward)
+        load_prompts(orch.data.train_path, orch.data.max_prompts)
+        if orch.data.val_path:
+            load_prompts(orch.data.val_path)
+        if orch.rollout.custom_generate:
+            from orchestrator.hooks import load_hook
+
+            load_hook(
+                orch.rollout.custom_generate,
+                field="rollout.custom_generate",
+                n_args=2,
+                is_async=True,
+            )
+    except (HookError, DataError) as e:
+        raise _fail(str(e)) from None
+    raise typer.Exit(asyncio.run(serve(orch, cfg.redis.url, cfg.bus)))
+
+
+@data_app.command("prepare")
+def prepare(
+    input_dir: Annotated[
+        Path, typer.Option("--input", help="FlashRAG layout: <input>/<dataset>/<split>.jsonl")
+    ],
+    out: Annotated[Path, typer.Option(help="Output .parquet (or .jsonl) file.")],
+    datasets: Annotated[str, typer.Option(help="Comma-separated dataset names.")] = "nq,hotpotqa",
+    split: Annotated[
+        str | None, typer.Option(help="Split to read (default: test, else dev, else train).")
+    ] = None,
+) -> None:
+    """Convert local FlashRAG-style QA files into Search-R1 rows with the exact prompt."""
+    from orchestrator.data import DataError, prepare_rows, write_parquet
+
+    names = [d.strip() for d in datasets.split(",") if d.strip()]
+    if not names:
+        raise _fail("--datasets is empty")
+    try:
+        rows, used = prepare_rows(input_dir, names, split)
+    except DataError as e:
+        raise _fail(str(e)) from None
+    if out.suffix == ".jsonl":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        write_parquet(rows, out)
+    splits = ", ".join(f"{k}:{v}" for k, v in used.items())
+    typer.echo(f"wrote {len(rows)} rows to {out} ({splits})")
+
+
+def eval_command(
+    data: Annotated[Path, typer.Option(help="Rows to evaluate (parquet or JSONL).")],
+    out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N rows.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 64,
+    subset: Annotated[
+        bool,
+        typer.Option(help="Only the fixed validation subset (data.val_size rows, data.seed)."),
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Greedy rollouts; prints EM / sub-EM / F1 per data source (and writes JSON)."""
+    from orchestrator.data import DataError, load_prompts, validation_subset
+    from orchestrator.evaluate import evaluate, format_table
+    from orchestrator.hooks import HookError
+    from orchestrator.rollout import Rollout
+    from orchestrator.search import SearchTool
+    from orchestrator.service import load_tokenizer, make_clients, wait_for_engine
+
+    cfg = start_service("orchestrator", config)
+    orch = cfg.orchestrator
+    try:
+        prompts = load_prompts(data, limit)
+    except DataError as e:
+        raise _fail(str(e)) from None
+    if subset:  # the same prompts every time, so evaluation curves are comparable
+        prompts = validation_subset(prompts, orch.data.val_size, orch.data.seed)
+
+    async def main() -> dict:
+        # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
+        clients = make_clients(orch, cfg.redis.url or "redis://127.0.0.1:1/0", cfg.bus)
+        try:
+            info = await wait_for_engine(clients.engine, orch.engine_retry_s)
+            tok = load_tokenizer(orch.tokenizer_path or str(info["model_path"]))
+            rollout = Rollout(
+                orch.rollout,
+                clients.engine,
+                SearchTool(clients.retriever, orch.search),
+                tok,
+                engine_retry_s=orch.engine_retry_s,
+                greedy=True,
+            )
+            result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
+            result["weight_version"] = info.get("weight_version")
+            result["model_path"] = info.get("model_path")
+            return result
+        finally:
+            await clients.aclose()
+
+    try:
+        result = asyncio.run(main())
+    except HookError as e:
+        raise _fail(str(e)) from None
+    typer.echo(format_table(result))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        typer.echo(f"wrote {out}")

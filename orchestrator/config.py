@@ -66,6 +66,9 @@ class RolloutConfig(Section):
     top_k: int = -1
     stop: list[str] = Field(default_factory=lambda: ["</search>", "</answer>"])
     invalid_action_message: str = INVALID_ACTION_MESSAGE
+    max_abort_retries: int = Field(
+        default=20, ge=0, description="Re-issue a turn the engine aborted (weight update)."
+    )
     max_concurrent_samples: int = Field(
         default=1024, ge=1, description="Samples in flight at once (each is one async loop)."
     )
@@ -119,6 +122,11 @@ class OrchestratorConfig(Section):
     max_staleness: int = Field(default=1, ge=0)
     stale_policy: StalePolicy = StalePolicy.DROP
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
+    eval_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Greedy validation on the fixed subset of data.val_path every N steps.",
+    )
     epochs: int = Field(default=1, ge=1)
     weight_poll_s: float = Field(default=1.0, gt=0)
     engine_retry_s: float = Field(
@@ -133,4 +141,6 @@ class OrchestratorConfig(Section):
     def _check(self) -> OrchestratorConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_response_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_response_tokens")
+        if self.eval_every_steps is not None and not self.data.val_path:
+            raise ValueError("eval_every_steps needs data.val_path (the validation rows)")
         return self

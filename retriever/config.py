@@ -27,10 +27,10 @@ class BatchingConfig(Section):
     """Cross-request micro-batching on one worker thread."""
 
     max_batch: int = Field(default=64, ge=1, description="Queries encoded/searched together.")
+    # 0 = greedy: whatever queued while the previous batch computed forms the next batch, so
+    # batches grow with load and an idle server adds no latency.
     max_wait_ms: float = Field(
-        default=2.0,
-        ge=0,
-        description="How long a non-full batch waits for more queries (only while work queued).",
+        default=0.0, ge=0, description="How long a non-full batch waits for more queries."
     )
     max_pending: int = Field(
         default=8192,
@@ -47,7 +47,16 @@ class DenseConfig(Section):
     """Run-time settings of the dense backend (the index type comes from the manifest)."""
 
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    encoder_path: str | None = Field(
+        default=None,
+        description="Use this encoder directory instead of the manifest's (index built elsewhere).",
+    )
     encode_batch_size: int = Field(default=64, ge=1)
+    # Off by default: on the shared 2-core machine it measured no gain (docs/benchmarks.md).
+    encoder_process: bool = Field(
+        default=False,
+        description="Encode queries in a child process (no GIL shared with the HTTP server).",
+    )
     # On one CPU core faiss Flat over a batch is slower than a torch matmul + top-k
     # (memory-bound; see docs/benchmarks.md); "auto" uses torch for Flat, faiss otherwise.
     flat_search: Literal["auto", "torch", "faiss"] = "auto"
@@ -82,6 +91,17 @@ class RetrieverHttpConfig(HttpConfig):
     port: int = Field(default=8000, ge=0, le=65535)
 
 
+class RerankConfig(Section):
+    """Optional cross-encoder rerank of the index backend's top candidates (off: no model)."""
+
+    model_path: str | None = Field(
+        default=None, description="HF sequence-classification model dir; null disables rerank."
+    )
+    candidates: int = Field(default=10, ge=1, description="Top-n rescored per query.")
+    batch_size: int = Field(default=32, ge=1)
+    max_length: int = Field(default=512, ge=8)
+
+
 class RetrieverConfig(Section):
     http: RetrieverHttpConfig = Field(default_factory=RetrieverHttpConfig)
     grpc_port: int | None = Field(
@@ -99,6 +119,7 @@ class RetrieverConfig(Section):
     dense: DenseConfig = Field(default_factory=DenseConfig)
     serper: SerperConfig = Field(default_factory=SerperConfig)
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    rerank: RerankConfig = Field(default_factory=RerankConfig)
 
     @model_validator(mode="after")
     def _check(self) -> RetrieverConfig:

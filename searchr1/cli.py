@@ -15,6 +15,7 @@ import typer
 
 from inference.cli import app as inference_app
 from orchestrator.cli import app as orchestrator_app
+from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
 from searchr1.cli_common import ConfigOption, load_or_exit
 from trainer.cli import app as trainer_app
@@ -28,6 +29,8 @@ app.add_typer(retriever_app, name="retriever")
 app.add_typer(inference_app, name="inference")
 app.add_typer(orchestrator_app, name="orchestrator")
 app.add_typer(trainer_app, name="trainer")
+app.add_typer(data_app, name="data")
+app.command("eval")(eval_command)
 
 config_app = typer.Typer(help="Inspect and validate the stack configuration.", no_args_is_help=True)
 bus_app = typer.Typer(help="Inspect the trajectory bus (Redis streams).", no_args_is_help=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from inference.config import InferenceConfig
@@ -49,6 +49,20 @@ class StackConfig(BaseSettings):
     local: LocalConfig = LocalConfig()
     # Shared token for state-changing endpoints (weight updates, cache flush, admin).
     admin_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _sync_mode_batches_match(self) -> StackConfig:
+        # In sync mode the orchestrator publishes one step's groups, then waits for the
+        # version the trainer pushes after consuming exactly that many groups: unequal sizes
+        # would make the two wait on each other forever.
+        orch, trainer = self.orchestrator, self.trainer
+        if orch.mode == "sync" and orch.rollout.prompts_per_step != trainer.batch.groups_per_step:
+            raise ValueError(
+                "orchestrator.rollout.prompts_per_step "
+                f"({orch.rollout.prompts_per_step}) must equal trainer.batch.groups_per_step "
+                f"({trainer.batch.groups_per_step}) in sync mode"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

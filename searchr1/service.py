@@ -27,6 +27,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -111,10 +112,11 @@ def create_service_app(
         for err in exc.errors():
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
             problems.append(f"{loc}: {err.get('msg')}")
-        return JSONResponse(
-            {"error": "; ".join(problems), "detail": exc.errors()},
-            status_code=422,
+        # The details can hold the raw body (bytes, not even UTF-8, when it was not JSON).
+        detail = jsonable_encoder(
+            exc.errors(), custom_encoder={bytes: lambda b: b.decode(errors="replace")}
         )
+        return JSONResponse({"error": "; ".join(problems), "detail": detail}, status_code=422)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

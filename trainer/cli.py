@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section
+from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 app = typer.Typer(
     help="GRPO training from the trajectory bus; checkpoints; weight pushes to inference.",
@@ -16,3 +19,104 @@ app = typer.Typer(
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective trainer section (file + environment + defaults)."""
     print_section(load_or_exit(config).trainer)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", err=True, fg="red")
+    return typer.Exit(2)
+
+
+@app.command("run")
+def run(
+    config: ConfigOption = None,
+    model: Annotated[
+        str | None, typer.Option(help="HF model directory (trainer.model.path).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume/--fresh", help="Continue from the latest checkpoint if any.")
+    ] = True,
+    port: Annotated[int | None, typer.Option(help="Listen port (overrides http.port).")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many steps.")
+    ] = None,
+) -> None:
+    """Train: consume trajectories from the bus, step, checkpoint, ack, push weights.
+
+    Launch with `torchrun --nproc-per-node N -m searchr1.cli trainer run ...` for FSDP2."""
+    import asyncio
+
+    cfg = start_service("trainer", config)
+    section = cfg.trainer
+    if model is not None:
+        section.model.path = model
+    if port is not None:
+        section.http.port = port
+    if max_steps is not None:
+        section.max_steps = max_steps
+    if not section.model.path:
+        raise _fail("trainer.model.path is not set (--model)")
+    if not Path(section.model.path).is_dir():
+        raise _fail(f"trainer.model.path: {section.model.path} is not a directory")
+    if not cfg.redis.url:
+        raise _fail("redis.url is not set (SEARCHR1_REDIS__URL)")
+
+    import torch
+
+    from trainer.dist import init_distributed
+    from trainer.hf_backend import HFBackend, load_hf_model
+    from trainer.loop import TrainingLoop
+    from trainer.service import make_bus, run_follower, serve_trainer
+    from trainer.weights import WeightPusher
+
+    info = init_distributed(section.model.device)
+    torch.manual_seed(section.model.seed)
+    token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
+    try:
+        pusher = WeightPusher(section.weight_push, token=token)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    backend = HFBackend(load_hf_model(section), section, info)
+    bus = make_bus(cfg.redis.url, cfg.bus) if info.rank == 0 else None
+    loop = TrainingLoop(section, backend, info, bus=bus, pusher=pusher)
+    if bus is not None:
+        code = asyncio.run(serve_trainer(loop, bus, section.http, resume=resume))
+    else:
+        code = asyncio.run(run_follower(loop, resume=resume))
+    raise typer.Exit(code)
+
+
+@app.command("export")
+def export(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the HF model into.")],
+    config: ConfigOption = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint dir (default: the latest under checkpoint.dir).")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Base HF model directory.")] = None,
+) -> None:
+    """Export a checkpoint's weights as a plain Hugging Face directory (safetensors)."""
+    cfg = load_or_exit(config)
+    section = cfg.trainer
+    if model is not None:
+        section.model.path = model
+    if not section.model.path:
+        raise _fail("trainer.model.path is not set (--model)")
+    if checkpoint is None and not section.checkpoint.dir:
+        raise _fail("no --checkpoint and trainer.checkpoint.dir is not set")
+
+    from trainer.checkpoint import CheckpointManager
+    from trainer.config import CheckpointConfig
+    from trainer.dist import init_distributed
+    from trainer.hf_backend import HFBackend, load_hf_model
+
+    ckpt_cfg = section.checkpoint
+    if checkpoint is not None:
+        ckpt_cfg = CheckpointConfig(dir=str(checkpoint.parent))
+    section.loss.kl_coef = 0.0  # no reference model needed to export
+    backend = HFBackend(load_hf_model(section), section, init_distributed("cpu"))
+    mgr = CheckpointManager(ckpt_cfg)
+    path = checkpoint or mgr.latest()
+    if path is None or not (path / "state.pt").exists():
+        raise _fail(f"no checkpoint found ({path or ckpt_cfg.dir})")
+    mgr.load(backend, path)
+    typer.echo(str(backend.export_hf(out)))

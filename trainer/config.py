@@ -103,6 +103,9 @@ class BatchConfig(Section):
     max_tokens_per_microbatch: int = Field(
         default=8192, ge=1, description="Token budget of one packed forward/backward."
     )
+    max_samples_per_microbatch: int | None = Field(
+        default=None, ge=1, description="Also cap the sequences per micro-batch."
+    )
     packing: bool = Field(default=True, description="False: the padded path (for comparison).")
     consume_block_s: float = Field(default=1.0, gt=0)
 
@@ -143,7 +146,11 @@ class ModelConfig(Section):
     path: str | None = Field(default=None, description="Hugging Face directory of the policy.")
     dtype: DType = DType.AUTO
     device: str = Field(default="auto", description="auto | cpu | cuda")
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = Field(
+        default="varlen",
+        description="varlen (per-sequence fused causal attention, see trainer.attention), or a "
+        "transformers name (sdpa, eager, flash_attention_2).",
+    )
     gradient_checkpointing: bool = False
     seed: int = 0
 
@@ -166,6 +173,10 @@ class TrainerConfig(Section):
     weight_push: WeightPushConfig = Field(default_factory=WeightPushConfig)
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
     metrics_jsonl: str | None = Field(default=None, description="Append one JSON line per step.")
+    tensorboard_dir: str | None = Field(
+        default=None, description="Used when tensorboard is installed."
+    )
+    wandb_project: str | None = Field(default=None, description="Used when wandb is installed.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

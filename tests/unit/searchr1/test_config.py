@@ -96,3 +96,13 @@ def test_partial_override_keeps_the_section_defaults(
     cfg = load_config(write(tmp_path, f"{section}:\n  http:\n    host: 0.0.0.0\n"))
     http = getattr(cfg, section).http
     assert (http.host, http.port) == ("0.0.0.0", port)
+
+
+def test_sync_mode_needs_matching_batch_sizes(tmp_path: Path) -> None:
+    text = (
+        "orchestrator:\n  mode: sync\n  rollout:\n    prompts_per_step: 16\n"
+        "trainer:\n  batch:\n    groups_per_step: 32\n"
+    )
+    with pytest.raises(ConfigError, match=r"prompts_per_step \(16\) must equal .*\(32\)"):
+        load_config(write(tmp_path, text))
+    load_config(write(tmp_path, text.replace("sync", "async")))  # async may differ

@@ -140,3 +140,11 @@ async def test_unhandled_errors_are_500_with_request_id_and_counted(client) -> N
     assert r.json() == {"error": "internal error", "request_id": "req-boom"}
     text = (await client.get("/metrics")).text
     assert 'searchr1_http_unhandled_errors_total{route="/boom",service="testsvc"}' in text
+
+
+async def test_a_body_that_is_not_json_is_a_422_not_a_500(client) -> None:  # type: ignore[no-untyped-def]
+    r = await client.post(
+        "/items", content=b"\xff{not json", headers={"content-type": "text/plain"}
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]

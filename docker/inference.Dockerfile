@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1.7
+# searchr1 inference: SGLang's HTTP API on :30000.
+# GPU (default): based on SGLang's official image; `searchr1 inference serve --engine sglang`
+# supervises `python -m sglang.launch_server` with the image's own Python, while searchr1 lives
+# in /opt/venv (it sees the image's torch, so nothing is downloaded twice, and our dependencies
+# never replace SGLang's).
+#   docker build -f docker/inference.Dockerfile -t searchr1/inference .
+# CPU (the compose `cpu` profile: the reference engine, `--engine torch`, and a tiny model):
+#   docker build -f docker/inference.Dockerfile -t searchr1/inference:cpu \
+#       --build-arg BASE_IMAGE=python:3.11-slim-bookworm .
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.21
+
+FROM ${BASE_IMAGE} AS build
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+COPY pyproject.toml constraints.txt /src/
+COPY docker/install-deps.sh docker/requirements.py /src/docker/
+RUN --mount=type=cache,target=/root/.cache/pip TORCH_INDEX=${TORCH_INDEX} sh /src/docker/install-deps.sh
+COPY README.md /src/
+COPY searchr1 /src/searchr1
+COPY protos /src/protos
+COPY retriever /src/retriever
+COPY inference /src/inference
+COPY orchestrator /src/orchestrator
+COPY trainer /src/trainer
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /src
+
+FROM ${BASE_IMAGE}
+# `sglang-python` runs the base image's interpreter (where sglang and sglang-router live),
+# whatever its path; on a plain Python base it is simply unused.
+RUN printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /usr/local/bin/sglang-python \
+    && chmod 755 /usr/local/bin/sglang-python \
+    && (getent group 10001 || groupadd --gid 10001 searchr1) \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/searchr1 searchr1 \
+    && mkdir -p /index /corpus /models /data /checkpoints \
+    && chown 10001:10001 /index /corpus /models /data /checkpoints
+COPY --from=build /opt/venv /opt/venv
+COPY docker/healthcheck.py /opt/searchr1/healthcheck.py
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1 \
+    SEARCHR1_INFERENCE__HTTP__HOST=0.0.0.0 \
+    SEARCHR1_INFERENCE__SGLANG__PYTHON=/usr/local/bin/sglang-python \
+    SEARCHR1_INFERENCE__SGLANG__ROUTER_PYTHON=/usr/local/bin/sglang-python
+USER 10001:10001
+WORKDIR /home/searchr1
+EXPOSE 30000
+# Loading a model (and SGLang's CUDA-graph capture) takes minutes: a long start period.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=900s --retries=3 \
+    CMD ["python", "/opt/searchr1/healthcheck.py", "inference", "/health"]
+ENTRYPOINT ["searchr1", "inference"]
+CMD ["serve", "--model", "/models/policy"]

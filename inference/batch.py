@@ -1,0 +1,108 @@
+"""The running batch of the reference engine: rows, their left-padded KV cache, the forwards.
+
+Per layer the cache is `[B, heads, L, dim]`; row i's tokens occupy columns `pad[i]..L-1`. An
+attention mask hides the padding and explicit position ids give each row its own RoPE
+positions, so a row computes what it would compute alone (up to floating-point noise). Rows
+join between steps (the shorter side is left-padded to the longer) and leave (rows dropped,
+columns that are padding in every remaining row trimmed). The cache excludes each row's last
+sampled token: the next decode step feeds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _lpad(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Left-pad the sequence dimension (2) of a [B, heads, L, dim] tensor with n zeros."""
+    return t if n == 0 else torch.nn.functional.pad(t, (0, 0, n, 0))
+
+
+def prefill(
+    model: Any, seqs: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, KV, list[int]]:
+    """One left-padded forward over `seqs`: (last-position fp32 logits [n, V], KV, pads)."""
+    from transformers import DynamicCache
+
+    length = max(len(s) for s in seqs)
+    pads = [length - len(s) for s in seqs]
+    pad = torch.tensor(pads, device=device)
+    ids = torch.tensor([[pad_id] * p + s for p, s in zip(pads, seqs, strict=True)], device=device)
+    cols = torch.arange(length, device=device)
+    out = model(
+        input_ids=ids,
+        attention_mask=(cols[None, :] >= pad[:, None]).long(),
+        position_ids=(cols[None, :] - pad[:, None]).clamp(min=0),
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return out.logits[:, -1].float(), kv, pads
+
+
+class RunningBatch:
+    """Rows (any objects, e.g. requests) aligned with the rows of a left-padded KV cache."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rows: list[Any] = []
+        self.pad: list[int] = []
+        self.kv: KV = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, rows: list[Any], kv: KV, pads: list[int]) -> None:
+        if not self.rows:
+            self.rows, self.kv, self.pad = list(rows), kv, list(pads)
+            return
+        length, new_length = self.kv[0][0].shape[2], kv[0][0].shape[2]
+        if new_length > length:  # widen the running batch on the left
+            extra = new_length - length
+            self.kv = [(_lpad(k, extra), _lpad(v, extra)) for k, v in self.kv]
+            self.pad = [p + extra for p in self.pad]
+            length = new_length
+        extra = length - new_length
+        self.kv = [
+            (torch.cat([k, _lpad(nk, extra)]), torch.cat([v, _lpad(nv, extra)]))
+            for (k, v), (nk, nv) in zip(self.kv, kv, strict=True)
+        ]
+        self.pad += [p + extra for p in pads]
+        self.rows += list(rows)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep only the rows at these indices."""
+        if not keep:
+            self.clear()
+            return
+        idx = torch.tensor(keep, device=self.device)
+        pads = [self.pad[i] for i in keep]
+        trim = min(pads)  # columns that are padding in every remaining row
+        self.kv = [(k[idx, :, trim:], v[idx, :, trim:]) for k, v in self.kv]
+        self.pad = [p - trim for p in pads]
+        self.rows = [self.rows[i] for i in keep]
+
+    def clear(self) -> None:
+        self.rows, self.pad, self.kv = [], [], []
+
+    def decode(self, model: Any, last_tokens: list[int]) -> torch.Tensor:
+        """Feed one token per row; grow the cache by one column; fp32 logits [B, V]."""
+        from transformers import DynamicCache
+
+        length = self.kv[0][0].shape[2]
+        pad = torch.tensor(self.pad, device=self.device)
+        cols = torch.arange(length + 1, device=self.device)
+        out = model(
+            input_ids=torch.tensor(last_tokens, device=self.device)[:, None],
+            attention_mask=(cols[None, :] >= pad[:, None]).long(),
+            position_ids=(length - pad)[:, None],
+            past_key_values=DynamicCache(ddp_cache_data=self.kv, config=model.config),
+            use_cache=True,
+        )
+        self.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return out.logits[:, -1].float()

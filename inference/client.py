@@ -1,0 +1,286 @@
+"""Async client of SGLang's native HTTP API (a real SGLang, sglang-router, or our engine).
+
+Connection pooling via one `httpx.AsyncClient`; retries with exponential backoff on connection
+errors, timeouts and 5xx only (never on 4xx: a bad request stays bad). Weight versions are
+strings on the wire (SGLang's "default" before any update counts as 0) and ints here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import Counter
+
+log = logging.getLogger(__name__)
+
+CLIENT_RETRIES = Counter(
+    "searchr1_inference_client_retries_total", "Retried inference calls", ["path"]
+)
+CLIENT_FAILURES = Counter(
+    "searchr1_inference_client_failures_total", "Failed inference calls", ["path", "kind"]
+)
+
+
+class InferenceError(Exception):
+    """Any failure of an inference call."""
+
+
+class InferenceUnavailable(InferenceError):
+    """Connection error, timeout or 5xx, after the client's own retries."""
+
+
+class InferenceBadRequest(InferenceError):
+    """A 4xx answer (never retried); `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class GenerateResult:
+    text: str
+    output_ids: list[int]
+    logprobs: list[float] | None  # one per output id, when return_logprob
+    finish_reason: str  # "stop" | "length" | "abort"
+    matched_stop: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: int
+
+
+def parse_weight_version(value: Any) -> int:
+    """SGLang reports a string ("default" until someone sets one); we count from 0."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult:
+    meta = body.get("meta_info") or {}
+    reason = meta.get("finish_reason") or {}
+    output_ids = [int(t) for t in body.get("output_ids") or []]
+    logprobs = None
+    if return_logprob:
+        triples = meta.get("output_token_logprobs") or []
+        logprobs = [float(t[0]) if t[0] is not None else float("nan") for t in triples]
+    return GenerateResult(
+        text=body.get("text", ""),
+        output_ids=output_ids,
+        logprobs=logprobs,
+        finish_reason=str(reason.get("type", "abort")),
+        matched_stop=reason.get("matched"),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        weight_version=parse_weight_version(meta.get("weight_version")),
+    )
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message"):
+            val = body.get(key)
+            if isinstance(val, dict):
+                val = val.get("message", val)
+            if val:
+                return str(val)
+    return str(body)[:500]
+
+
+class InferenceClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        token: str | None = None,
+        max_connections: int = 256,
+        backoff_s: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,  # tests: a flaky fake server; None: real connections
+        )
+
+    async def _request(
+        self, method: str, path: str, json: Any = None, *, retries: int | None = None
+    ) -> Any:
+        attempts = 1 + (self.max_retries if retries is None else retries)
+        last: Exception | None = None
+        for attempt in range(attempts):
+            if attempt:
+                CLIENT_RETRIES.labels(path).inc()
+                delay = self.backoff_s * 2 ** (attempt - 1)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+            try:
+                resp = await self._http.request(method, path, json=json)
+            except (httpx.TransportError, httpx.TimeoutException) as e:
+                last = e
+                continue
+            if resp.status_code >= 500:
+                last = InferenceUnavailable(
+                    f"{path}: HTTP {resp.status_code}: {_error_message(resp)}"
+                )
+                continue
+            if resp.status_code >= 400:
+                CLIENT_FAILURES.labels(path, "bad_request").inc()
+                raise InferenceBadRequest(
+                    f"{path}: HTTP {resp.status_code}: {_error_message(resp)}", resp.status_code
+                )
+            try:
+                return resp.json()
+            except ValueError:
+                return resp.text
+        CLIENT_FAILURES.labels(path, "unavailable").inc()
+        log.warning("inference call failed", extra={"path": path, "error": str(last)})
+        if isinstance(last, InferenceUnavailable):
+            raise last
+        raise InferenceUnavailable(f"{path}: {type(last).__name__}: {last}") from last
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        no_stop_trim: bool = True,
+        return_logprob: bool = True,
+        seed: int | None = None,
+    ) -> GenerateResult:
+        params: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "no_stop_trim": no_stop_trim,
+        }
+        if stop:
+            params["stop"] = list(stop)
+        if stop_token_ids:
+            params["stop_token_ids"] = list(stop_token_ids)
+        if seed is not None:
+            params["sampling_seed"] = seed  # SGLang's name for the per-request seed
+        body = {"input_ids": list(input_ids), "sampling_params": params}
+        body["return_logprob"] = return_logprob
+        data = await self._request("POST", "/generate", body)
+        return parse_generate(data, return_logprob)
+
+    async def get_model_info(self) -> dict[str, Any]:
+        info = dict(await self._request("GET", "/get_model_info"))
+        info["weight_version"] = parse_weight_version(info.get("weight_version"))
+        return info
+
+    async def health_generate(self) -> bool:
+        try:
+            await self._request("GET", "/health_generate", retries=0)
+        except InferenceError:
+            return False
+        return True
+
+    async def flush_cache(self) -> None:
+        await self._request("POST", "/flush_cache")
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Pause the scheduler. SGLang's modes: abort (default) | in_place | retract."""
+        await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def update_weights_from_disk(self, model_path: str) -> int:
+        """Load a checkpoint directory; returns the new weight version (current + 1)."""
+        new = (await self.get_model_info())["weight_version"] + 1
+        # Not retried: a timed-out update may still be running on the server.
+        data = await self._request(
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model_path, "weight_version": str(new)},
+            retries=0,
+        )
+        self._check_success("/update_weights_from_disk", data)
+        return new
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        data = await self._request(
+            "POST",
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+            retries=0,
+        )
+        self._check_success("/init_weights_update_group", data)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        group_name: str,
+        weight_version: int | None = None,
+    ) -> None:
+        body: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": True,
+        }
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        data = await self._request("POST", "/update_weights_from_distributed", body, retries=0)
+        self._check_success("/update_weights_from_distributed", data)
+
+    @staticmethod
+    def _check_success(path: str, data: Any) -> None:
+        if isinstance(data, dict) and data.get("success") is False:
+            raise InferenceBadRequest(f"{path}: {data.get('message')}")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,434 @@
+"""The reference engine: a Hugging Face causal LM served with continuous batching.
+
+One scheduler thread owns the model. Each iteration it
+1. runs queued control commands (weight updates, flush) - so updates land between decode steps;
+2. admits waiting requests: those arriving together are prefilled together (left-padded);
+3. samples one token for every running request from its last logits and retires finished ones;
+4. runs ONE batched decode step over the remaining requests.
+The running batch (`inference.batch.RunningBatch`) keeps a left-padded KV cache that grows by
+one column per step; requests join and leave between steps without waiting for the rest of
+the batch, and a request's tokens do not depend on its neighbours beyond floating-point noise.
+
+The HTTP server (`inference.server`) is a thin layer over `TorchEngine`; everything here is usable
+without HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import Counter, Gauge, Histogram
+
+from inference.batch import RunningBatch, prefill
+from inference.config import TorchEngineConfig
+from inference.requests import CommandResult, GenerateOutput, Request
+from inference.sampling import SamplingParams, make_generator, sample_batch
+from inference.weights import WeightLoader
+
+log = logging.getLogger(__name__)
+
+GEN_REQUESTS = Counter(
+    "searchr1_inference_requests_total", "Finished generate requests", ["finish_reason"]
+)
+GEN_TOKENS = Counter("searchr1_inference_output_tokens_total", "Generated tokens")
+RUNNING = Gauge("searchr1_inference_running_requests", "Requests in the decode batch")
+WAITING = Gauge("searchr1_inference_waiting_requests", "Requests waiting for admission")
+STEP_SECONDS = Histogram(
+    "searchr1_inference_decode_step_seconds",
+    "One batched decode step",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+REJECTED = Counter("searchr1_inference_rejected_total", "Rejected generate requests", ["reason"])
+
+PAUSE_MODES = ("abort", "in_place", "retract")
+
+
+class EngineOverloaded(Exception):
+    """The waiting queue is full (HTTP 429)."""
+
+
+class EngineStopped(Exception):
+    """The engine is shutting down."""
+
+
+class TorchEngine:
+    """Continuous-batching generation over a local Hugging Face causal LM."""
+
+    def __init__(self, model_path: str | Path, cfg: TorchEngineConfig | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg or TorchEngineConfig()
+        self.model_path = str(model_path)
+        self.device = torch.device(self.cfg.device)
+        self.dtype = getattr(torch, self.cfg.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        self.model.to(self.device).eval()
+        mcfg = self.model.config
+        self.vocab_size = int(mcfg.vocab_size)
+        self.context_length = int(
+            self.cfg.context_length or getattr(mcfg, "max_position_embeddings", 4096)
+        )
+        self.eos_ids = self._eos_ids()
+        self.weights = WeightLoader(self.model, timeout_s=self.cfg.weight_group_timeout_s)
+        self.weight_version = 0
+
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._commands: deque[tuple[Callable[[], Any], CommandResult]] = deque()
+        self._batch = RunningBatch(self.device)
+        self._paused = False
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- public API (async, called from the event loop) ------------------------------------
+
+    async def generate(
+        self,
+        input_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        *,
+        text: str | None = None,
+        rid: str | None = None,
+    ) -> GenerateOutput:
+        """Generate for one prompt. ValueError: bad input; EngineOverloaded: queue full."""
+        params = params or SamplingParams()
+        try:
+            params.validate()
+            ids = self._prompt_ids(input_ids, text)
+            self._validate(ids, params)
+        except ValueError as e:
+            REJECTED.labels("bad_request").inc()
+            log.info("generate rejected", extra={"reason": str(e)})
+            raise
+        loop = asyncio.get_running_loop()
+        req = Request(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=ids,
+            params=params,
+            loop=loop,
+            future=loop.create_future(),
+            generator=make_generator(params.seed),
+            initial_version=self.weight_version,
+        )
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("engine is shutting down")
+            if len(self._waiting) >= self.cfg.max_queued_requests:
+                REJECTED.labels("overloaded").inc()
+                raise EngineOverloaded(
+                    f"{len(self._waiting)} requests waiting (max_queued_requests)"
+                )
+            self._waiting.append(req)
+            WAITING.set(len(self._waiting))
+            self._cond.notify_all()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.cancelled = True  # the client went away: free the slot at the next step
+            raise
+
+    async def run_command(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the scheduler thread between decode steps (even while paused)."""
+        result = CommandResult(asyncio.get_running_loop())
+        with self._cond:
+            self._commands.append((fn, result))
+            self._cond.notify_all()
+        return await result.future
+
+    async def pause(self, mode: str = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {list(PAUSE_MODES)} (got {mode!r})")
+
+        def do() -> None:
+            self._paused = True
+            if mode == "abort":
+                self._abort_all("aborted by pause_generation")
+            elif mode == "retract":
+                self._retract_all()
+
+        await self.run_command(do)
+
+    async def abort_all(self, message: str = "aborted") -> None:
+        """Finish every running and waiting request with finish_reason abort (no pause)."""
+        await self.run_command(lambda: self._abort_all(message))
+
+    async def resume(self) -> None:
+        def do() -> None:
+            self._paused = False
+
+        await self.run_command(do)
+
+    async def flush_cache(self) -> None:
+        # No prefix cache to drop: the per-request KV lives only while a request runs.
+        await self.run_command(lambda: None)
+
+    async def update_weights_from_disk(self, model_path: str, version: int | None = None) -> int:
+        def do() -> int:
+            self.weights.load_from_disk(Path(model_path))
+            self.model_path = str(model_path)
+            return self._bump(version)
+
+        return await self.run_command(do)
+
+    async def init_weights_update_group(self, **kwargs: Any) -> None:
+        # Joining blocks until every rank arrives: not on the scheduler thread.
+        await asyncio.to_thread(self.weights.init_group, **kwargs)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        version: int | None = None,
+    ) -> int:
+        def do() -> int:
+            self.weights.receive(names, dtypes, shapes, group_name)
+            return self._bump(version)
+
+        return await self.run_command(do)
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "weight_version": str(self.weight_version),
+            "model_type": getattr(self.model.config, "model_type", None),
+            "architectures": getattr(self.model.config, "architectures", None),
+            # Ours (SGLang reports these in /get_server_info): what a weight sender needs.
+            "dtype": self.cfg.dtype,
+            "context_length": self.context_length,
+            "vocab_size": self.vocab_size,
+            "engine": "torch",
+        }
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+        self.weights.close()
+
+    @property
+    def _running(self) -> list[Request]:
+        return self._batch.rows
+
+    # ---- validation ------------------------------------------------------------------------
+
+    def _prompt_ids(self, input_ids: list[int] | None, text: str | None) -> list[int]:
+        if input_ids is not None and text is not None:
+            raise ValueError("give either input_ids or text, not both")
+        if input_ids is None:
+            if text is None:
+                raise ValueError("input_ids (or text) is required")
+            input_ids = self.tokenizer.encode(text)
+        return [int(t) for t in input_ids]
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("input_ids is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids: token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"sampling_params.stop_token_ids out of range: {bad[:5]}")
+        # Like SGLang: a prompt that fills the context, or a budget larger than the whole
+        # context, is an error; otherwise generation stops with "length" when the context is
+        # full (a multi-turn rollout near the limit gets a short last turn, not a failure).
+        if len(ids) >= self.context_length:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) leaves no room in the context length "
+                f"{self.context_length}"
+            )
+        if params.max_new_tokens > self.context_length:
+            raise ValueError(
+                f"sampling_params.max_new_tokens ({params.max_new_tokens}) exceeds the context "
+                f"length {self.context_length}"
+            )
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for src in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, list):
+                ids.update(int(x) for x in src)
+        return ids
+
+    def _bump(self, version: int | None) -> int:
+        self.weight_version = self.weight_version + 1 if version is None else version
+        return self.weight_version
+
+    # ---- the scheduler thread --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while (
+                    not self._stopping
+                    and not self._commands
+                    and (self._paused or (not self._waiting and not self._running))
+                ):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                commands = list(self._commands)
+                self._commands.clear()
+            for fn, result in commands:
+                result.run(fn)
+            if self._paused:
+                continue
+            try:
+                self._step()
+            except Exception as e:  # a bug must not kill the thread silently: fail the batch
+                log.exception("engine step failed")
+                for req in self._running:
+                    req.resolve(RuntimeError(f"engine step failed: {e}"))
+                self._clear_batch()
+        self._abort_all("engine shutting down")
+
+    def _step(self) -> None:
+        self._admit()
+        self._sample_and_retire()
+        if self._running:
+            start = time.perf_counter()
+            self._decode()
+            STEP_SECONDS.observe(time.perf_counter() - start)
+
+    def _admit(self) -> None:
+        batch: list[Request] = []
+        with self._cond:
+            room = self.cfg.max_running_requests - len(self._running)
+            while self._waiting and len(batch) < min(room, self.cfg.max_prefill_per_step):
+                req = self._waiting.popleft()
+                if not req.cancelled:
+                    batch.append(req)
+            WAITING.set(len(self._waiting))
+        if batch:
+            self._prefill(batch)
+        RUNNING.set(len(self._running))
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        # A retracted request re-enters with its own generated tokens (all but the last
+        # sampled one, which the next decode step feeds in, so its logits come from there).
+        seqs = [r.input_ids + r.output_ids[:-1] if r.output_ids else r.input_ids for r in reqs]
+        pad_id = self.tokenizer.pad_token_id or 0
+        logits, kv, pads = prefill(self.model, seqs, pad_id, self.device)
+        for i, req in enumerate(reqs):
+            if req.output_ids:
+                req.next_logits = None
+            else:
+                req.next_logits = logits[i]
+                # The weights its first token comes from (not those current at submission).
+                req.initial_version = self.weight_version
+        self._batch.add(reqs, kv, pads)
+
+    def _sample_and_retire(self) -> None:
+        keep: list[int] = []
+        todo = [r for r in self._running if r.next_logits is not None and not r.cancelled]
+        if todo:
+            tokens, logprobs = sample_batch(
+                torch.stack([r.next_logits for r in todo]),  # type: ignore[misc]
+                [r.params for r in todo],
+                [r.generator for r in todo],
+            )
+            for req, token, logprob in zip(todo, tokens, logprobs, strict=True):
+                req.next_logits = None
+                req.output_ids.append(token)
+                req.logprobs.append(logprob)
+            GEN_TOKENS.inc(len(todo))
+        sampled = {id(r) for r in todo}
+        for i, req in enumerate(self._running):
+            if req.cancelled:
+                self._finish(req, {"type": "abort", "message": "client disconnected"})
+                continue
+            if id(req) in sampled:
+                reason = self._finish_reason(req, req.output_ids[-1])
+                if reason is not None:
+                    self._finish(req, reason)
+                    continue
+            keep.append(i)
+        if len(keep) != len(self._running):
+            self._batch.keep(keep)
+            RUNNING.set(len(self._running))
+
+    def _finish_reason(self, req: Request, token: int) -> dict[str, Any] | None:
+        p = req.params
+        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            # Only the tail can hold a new match (an older one would have stopped us already);
+            # every token is at least one byte, so this window covers any stop string that
+            # ends in the newest token, and each step costs O(1) instead of O(output).
+            window = max(len(s.encode()) for s in p.stop) + 8
+            tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+            for s in p.stop:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        if len(req.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": len(req.output_ids)}
+        if len(req.input_ids) + len(req.output_ids) >= self.context_length:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _finish(self, req: Request, reason: dict[str, Any]) -> None:
+        p = req.params
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=p.skip_special_tokens)
+        matched = reason.get("matched")
+        if isinstance(matched, str) and not p.no_stop_trim:
+            text = text[: text.find(matched)] if matched in text else text
+        GEN_REQUESTS.labels(reason["type"]).inc()
+        req.resolve(
+            GenerateOutput(
+                text=text,
+                output_ids=list(req.output_ids),
+                logprobs=list(req.logprobs),
+                finish_reason=reason,
+                prompt_tokens=len(req.input_ids),
+                weight_version=self.weight_version,
+                initial_weight_version=req.initial_version,
+            )
+        )
+
+    def _decode(self) -> None:
+        logits = self._batch.decode(self.model, [r.output_ids[-1] for r in self._running])
+        for req, row in zip(self._running, logits, strict=True):
+            req.next_logits = row
+
+    def _clear_batch(self) -> None:
+        self._batch.clear()
+        RUNNING.set(0)
+
+    def _abort_all(self, message: str) -> None:
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            WAITING.set(0)
+        for req in self._running + waiting:
+            self._finish(req, {"type": "abort", "message": message})
+        self._clear_batch()
+
+    def _retract_all(self) -> None:
+        # Back to the front of the queue; re-admission recomputes their KV (under whatever
+        # weights are current then), keeping the tokens and logprobs sampled so far.
+        with self._cond:
+            for req in reversed(self._running):
+                req.next_logits = None
+                self._waiting.appendleft(req)
+            WAITING.set(len(self._waiting))
+        self._clear_batch()

@@ -1,0 +1,199 @@
+"""The HTTP layer of the reference engine: SGLang's native API subset over `TorchEngine`.
+
+Field names follow SGLang's `io_struct.py` (checked against the current release): weight
+versions travel as strings ("weight_version"), update responses are `{"success", "message"}`,
+`/pause_generation` takes `{"mode": "abort" | "in_place" | "retract"}`. Each route validates,
+calls one engine method, and maps ValueError to 400, overload to 429.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
+from inference.sampling import SamplingParams
+from searchr1.service import create_service_app, require_token
+
+log = logging.getLogger(__name__)
+
+
+class _Req(BaseModel):
+    # SGLang ignores fields it does not use (rid, stream, ...); so do we.
+    model_config = ConfigDict(extra="ignore")
+
+
+class GenerateReq(_Req):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    return_logprob: bool = False
+    rid: str | None = None
+    stream: bool = False
+
+
+class PauseReq(_Req):
+    mode: str = "abort"
+
+
+class DiskUpdateReq(_Req):
+    model_path: str
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+
+
+class InitGroupReq(_Req):
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DistUpdateReq(_Req):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+def _version(v: str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise HTTPException(400, f"weight_version must be an integer string (got {v!r})") from None
+
+
+def _fail(e: Exception, status: int = 400) -> JSONResponse:
+    log.warning("admin request failed", extra={"error": str(e), "status": status})
+    return JSONResponse({"success": False, "message": str(e)}, status_code=status)
+
+
+def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> FastAPI:
+    """The inference service app; the engine is created (and shut down) by the caller."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    async def model_loaded() -> str:
+        return f"{engine.model_path} v{engine.weight_version}"
+
+    app = create_service_app("inference", ready_checks={"model": model_loaded}, lifespan=lifespan)
+    admin = [Depends(require_token(admin_token))]
+
+    @app.post("/generate")
+    async def generate(req: GenerateReq) -> JSONResponse:
+        if req.stream:
+            raise HTTPException(400, "stream=true is not supported by the reference engine")
+        try:
+            params = SamplingParams.from_dict(req.sampling_params)
+        except ValueError as e:
+            REJECTED.labels("bad_request").inc()
+            raise HTTPException(400, str(e)) from None
+        try:
+            out = await engine.generate(req.input_ids, params, text=req.text, rid=req.rid)
+        except ValueError as e:  # counted and logged by the engine
+            raise HTTPException(400, str(e)) from None
+        except EngineOverloaded as e:
+            raise HTTPException(429, str(e)) from None
+        except EngineStopped as e:
+            raise HTTPException(503, str(e)) from None
+        rid = req.rid or ""
+        return JSONResponse(
+            {
+                "text": out.text,
+                "output_ids": out.output_ids,
+                "meta_info": out.meta_info(rid, req.return_logprob),
+            }
+        )
+
+    @app.get("/health_generate")
+    async def health_generate() -> dict[str, str]:
+        # A real one-token round trip through the scheduler, like SGLang's.
+        out = await engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0))
+        return {"status": "ok", "weight_version": str(out.weight_version)}
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return engine.model_info()
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"], dependencies=admin)
+    async def flush_cache() -> JSONResponse:
+        await engine.flush_cache()
+        return JSONResponse({"success": True, "message": "Cache flushed."})
+
+    @app.post("/pause_generation", dependencies=admin)
+    async def pause_generation(req: PauseReq | None = None) -> JSONResponse:
+        try:
+            await engine.pause((req or PauseReq()).mode)
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse({"success": True, "message": "Generation paused."})
+
+    @app.post("/continue_generation", dependencies=admin)
+    async def continue_generation() -> JSONResponse:
+        await engine.resume()
+        return JSONResponse({"success": True, "message": "Generation continued."})
+
+    @app.post("/update_weights_from_disk", dependencies=admin)
+    async def update_weights_from_disk(req: DiskUpdateReq) -> JSONResponse:
+        version = _version(req.weight_version)
+        try:
+            if req.abort_all_requests:
+                await engine.abort_all("aborted for a weight update")
+            new = await engine.update_weights_from_disk(req.model_path, version)
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Succeeded to update model weights (weight_version {new}).",
+                "num_paused_requests": 0,
+                "weight_version": str(new),
+            }
+        )
+
+    @app.post("/init_weights_update_group", dependencies=admin)
+    async def init_weights_update_group(req: InitGroupReq) -> JSONResponse:
+        try:
+            await engine.init_weights_update_group(**req.model_dump())
+        except ValueError as e:
+            return _fail(e)
+        except Exception as e:  # rendezvous timeout, unreachable master
+            return _fail(e, 500)
+        return JSONResponse({"success": True, "message": "Succeeded to initialize group."})
+
+    @app.post("/update_weights_from_distributed", dependencies=admin)
+    async def update_weights_from_distributed(req: DistUpdateReq) -> JSONResponse:
+        version = _version(req.weight_version)
+        try:
+            if req.abort_all_requests:
+                await engine.abort_all("aborted for a weight update")
+            new = await engine.update_weights_from_distributed(
+                req.names, req.dtypes, req.shapes, req.group_name, version
+            )
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Succeeded to update weights (weight_version {new}).",
+                "weight_version": str(new),
+            }
+        )
+
+    return app

@@ -1,0 +1,183 @@
+"""`searchr1 inference serve --engine sglang`: run and supervise SGLang (and sglang-router).
+
+Our config maps onto `python -m sglang.launch_server` flags (model path, tensor parallel size,
+memory fraction, context length, host, port, ...). With `--replicas N` the N servers listen on
+`port+1 .. port+N` on loopback and `python -m sglang_router.launch_router` listens on the
+configured host/port in front of them, so clients see one base URL either way.
+
+Supervision: a child that exits is restarted after `restart_backoff_s` (doubling, capped at
+60 s); after `max_restarts` failures in a row (a child that ran 5 minutes resets the count) the
+launcher stops everything and exits 1. SIGTERM/SIGINT stop the children (SIGTERM, then SIGKILL
+after `http.graceful_shutdown_s`) and exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from inference.config import InferenceConfig
+
+log = logging.getLogger(__name__)
+
+HEALTHY_RUN_S = 300.0
+
+
+def sglang_command(cfg: InferenceConfig, *, host: str, port: int) -> list[str]:
+    s = cfg.sglang
+    assert cfg.model_path, "model_path is validated by the CLI"
+    cmd = [
+        s.python, "-m", "sglang.launch_server",
+        "--model-path", cfg.model_path,
+        "--host", host,
+        "--port", str(port),
+        "--tp-size", str(s.tp_size),
+    ]  # fmt: skip
+    optional = {
+        "--mem-fraction-static": s.mem_fraction_static,
+        "--context-length": s.context_length,
+        "--device": s.device,
+        "--attention-backend": s.attention_backend,
+        "--max-total-tokens": s.max_total_tokens,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd + list(s.extra_args)
+
+
+def router_command(cfg: InferenceConfig, worker_urls: list[str]) -> list[str]:
+    python = cfg.sglang.router_python or cfg.sglang.python
+    return [
+        python, "-m", "sglang_router.launch_router",
+        "--worker-urls", *worker_urls,
+        "--host", cfg.http.host,
+        "--port", str(cfg.http.port),
+    ]  # fmt: skip
+
+
+def plan(cfg: InferenceConfig, replicas: int) -> dict[str, tuple[list[str], str]]:
+    """Child name -> (argv, health URL)."""
+    if replicas == 1:
+        argv = sglang_command(cfg, host=cfg.http.host, port=cfg.http.port)
+        return {"sglang": (argv, _health_url(cfg.http.host, cfg.http.port))}
+    ports = [cfg.http.port + i + 1 for i in range(replicas)]
+    children = {
+        f"sglang-{i}": (sglang_command(cfg, host="127.0.0.1", port=p), _health_url("127.0.0.1", p))
+        for i, p in enumerate(ports)
+    }
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    children["router"] = (router_command(cfg, urls), _health_url(cfg.http.host, cfg.http.port))
+    return children
+
+
+def _health_url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{host}:{port}/health"
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    health_url: str
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    healthy: bool = False
+    failures: int = 0
+    restart_at: float = field(default=0.0)
+
+    def start(self) -> None:
+        log.info("starting", extra={"child": self.name, "argv": " ".join(self.argv)})
+        self.proc = subprocess.Popen(self.argv)
+        self.started = time.monotonic()
+        self.healthy = False
+
+    def probe(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(self.health_url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+class Supervisor:
+    def __init__(self, children: dict[str, tuple[list[str], str]], cfg: InferenceConfig) -> None:
+        self.children = [_Child(n, argv, url) for n, (argv, url) in children.items()]
+        self.start_timeout_s = cfg.sglang.start_timeout_s
+        self.backoff_s = cfg.sglang.restart_backoff_s
+        self.max_restarts = cfg.sglang.max_restarts
+        self.grace_s = cfg.http.graceful_shutdown_s
+        self._stop = False
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        log.info("stopping", extra={"signal": signum})
+        self._stop = True
+
+    def run(self, poll_s: float = 0.2) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            for c in self.children:
+                c.start()
+            while not self._stop:
+                if not self._check():
+                    return 1
+                time.sleep(poll_s)
+            return 0
+        finally:
+            self._stop_all()
+
+    def _check(self) -> bool:
+        now = time.monotonic()
+        for c in self.children:
+            assert c.proc is not None
+            code = c.proc.poll()
+            if code is None and not c.healthy and c.restart_at == 0.0:
+                c.healthy = c.probe()
+                if c.healthy:
+                    log.info("healthy", extra={"child": c.name, "after_s": round(now - c.started)})
+                elif now - c.started > self.start_timeout_s:
+                    log.warning("not healthy in time; killing", extra={"child": c.name})
+                    c.proc.kill()
+                    code = c.proc.wait()
+            if code is None:
+                if c.failures and now - c.started > HEALTHY_RUN_S:
+                    c.failures = 0
+                continue
+            if c.restart_at == 0.0:
+                c.failures += 1
+                if c.failures > self.max_restarts:
+                    log.error("giving up", extra={"child": c.name, "failures": c.failures})
+                    return False
+                delay = min(60.0, self.backoff_s * 2 ** (c.failures - 1))
+                log.warning(
+                    "child exited; restarting",
+                    extra={"child": c.name, "code": code, "in_s": delay},
+                )
+                c.restart_at = now + delay
+            elif now >= c.restart_at:
+                c.restart_at = 0.0
+                c.start()
+        return True
+
+    def _stop_all(self) -> None:
+        live = [c.proc for c in self.children if c.proc and c.proc.poll() is None]
+        for p in live:
+            p.terminate()
+        deadline = time.monotonic() + self.grace_s
+        for p in live:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def run_sglang(cfg: InferenceConfig, *, replicas: int = 1) -> int:
+    """Run SGLang (behind sglang-router when replicas > 1) until SIGTERM; the exit status."""
+    return Supervisor(plan(cfg, replicas), cfg).run()

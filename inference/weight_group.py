@@ -1,0 +1,92 @@
+"""A process group for weight broadcasts, separate from torch.distributed's default group.
+
+The trainer may already own the default group (FSDP), and SGLang owns its own (tensor
+parallelism), so the weight channel is a third, independent group: a fresh TCP rendezvous on
+`master_address:master_port`, a `PrefixStore` named after the group, and a backend built by
+torch's own helper without touching the default group. This is the layout SGLang's
+`init_custom_process_group` uses, so our sender also talks to a real SGLang server.
+The trainer's sender is rank 0; engines join as ranks `rank_offset .. rank_offset + n - 1`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """`"bfloat16"` or `"torch.bfloat16"` -> torch.bfloat16; ValueError for anything else."""
+    key = name.removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r} (known: {sorted(DTYPES)})")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def new_weight_group(
+    *,
+    backend: str,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout_s: float = 600.0,
+) -> Any:
+    """Join (rank 0: host) the group; blocks until all `world_size` ranks have joined."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    # The keyword was renamed across torch releases (pg_options -> backend_options).
+    params = inspect.signature(_new_process_group_helper).parameters
+    options_kw = "backend_options" if "backend_options" in params else "pg_options"
+    group, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        store,
+        group_name=group_name,
+        timeout=timeout,
+        **{options_kw: None},
+    )
+    # Identity rank map so torch.distributed.broadcast(..., group=group) resolves src ranks.
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def destroy_weight_group(group: Any) -> None:
+    """Unregister the group (its name becomes reusable) and shut its backend down."""
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):  # best effort: the peer may already be gone
+        dist.destroy_process_group(group)

@@ -1,0 +1,260 @@
+"""Trainer side of live weight updates: broadcast parameters to inference engines.
+
+`WeightSender.connect()` creates a process group of its own (see `inference.weight_group`): the
+sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weights_update_group`.
+`push(named_tensors)` then, per bucket of at most `bucket_bytes`:
+  1. posts `/update_weights_from_distributed` (names, dtypes, shapes) to every engine,
+  2. broadcasts each tensor of the bucket, in order, in the engines' dtype,
+  3. waits for every engine's answer.
+Around the whole push the engines are paused (`pause_mode`, default "retract": running requests
+keep their tokens and recompute their KV under the new weights) and resumed afterwards, so no
+decode step ever runs on a half-updated model. All buckets carry the same new weight version.
+The same code drives SGLang (NCCL on GPU) and our reference engine (gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inference.client import InferenceBadRequest, InferenceClient
+from inference.weight_group import (
+    destroy_weight_group,
+    dtype_from_name,
+    dtype_name,
+    new_weight_group,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PushStats:
+    bytes: int
+    seconds: float  # the transfer: first bucket posted to last bucket acknowledged
+    weight_version: int
+    paused_seconds: float = 0.0  # generation paused: pause + transfer + resume round trips
+
+    @property
+    def gbytes_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+class WeightSender:
+    def __init__(
+        self,
+        engine_urls: list[str],
+        *,
+        master_addr: str = "127.0.0.1",
+        master_port: int,
+        backend: str = "gloo",
+        group_name: str = "searchr1-weights",
+        bucket_bytes: int = 256 << 20,
+        token: str | None = None,
+        pause_mode: str | None = "retract",
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if not engine_urls:
+            raise ValueError("engine_urls is empty")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl (got {backend!r})")
+        if bucket_bytes <= 0:
+            raise ValueError("bucket_bytes must be > 0")
+        self.engine_urls = list(engine_urls)
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.backend = backend
+        self.group_name = group_name
+        self.bucket_bytes = bucket_bytes
+        self.pause_mode = pause_mode
+        self.timeout_s = timeout_s
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
+        self._dtype = dtype
+        self._clients = [InferenceClient(u, token=token, timeout_s=timeout_s) for u in engine_urls]
+        self._group: Any = None
+        self.refusal_grace_s = 5.0
+
+    async def connect(self) -> None:
+        """Create the group: engines join as ranks 1..N, this process is rank 0."""
+        world = len(self._clients) + 1
+        host = _in_daemon_thread(
+            functools.partial(
+                new_weight_group,
+                backend=self.backend,
+                master_address=self.master_addr,
+                master_port=self.master_port,
+                world_size=world,
+                rank=0,
+                group_name=self.group_name,
+                timeout_s=self.timeout_s,
+            )
+        )
+        joins = [
+            c.init_weights_update_group(
+                master_address=self.master_addr,
+                master_port=self.master_port,
+                rank_offset=i + 1,
+                world_size=world,
+                group_name=self.group_name,
+                backend=self.backend,
+            )
+            for i, c in enumerate(self._clients)
+        ]
+        results = await asyncio.gather(*joins, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            # The rendezvous thread stays blocked until its timeout; it is a daemon thread,
+            # so it does not keep the process alive.
+            raise errors[0]
+        self._group = await host
+        if self._dtype is None:
+            info = await self._clients[0].get_model_info()
+            self._dtype = dtype_from_name(info["dtype"]) if info.get("dtype") else None
+        log.info("weight group ready", extra={"engines": len(self._clients)})
+
+    def _buckets(
+        self, named: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[list[tuple[str, torch.Tensor]]]:
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, t in named:
+            t = t.detach()
+            if self._dtype is not None and t.is_floating_point():
+                t = t.to(self._dtype)
+            t = t.to(self.device).contiguous()
+            nbytes = t.numel() * t.element_size()
+            if bucket and size + nbytes > self.bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, t))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        works = [dist.broadcast(t, src=0, group=self._group, async_op=True) for t in tensors]
+        for w in works:
+            w.wait()
+
+    async def _broadcast_watching(self, tensors: list[torch.Tensor], calls: list[Any]) -> None:
+        """Broadcast; if an engine refuses before receiving, the broadcast can never finish:
+        then give up on the group (abort it) instead of hanging until its timeout."""
+        send = _in_daemon_thread(functools.partial(self._broadcast, tensors))
+        pending = {send, *calls}
+        while not send.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            refused = [t for t in done if t is not send and t.exception() is not None]
+            if refused and not send.done():
+                finished, _ = await asyncio.wait({send}, timeout=self.refusal_grace_s)
+                if not finished:
+                    group, self._group = self._group, None
+                    with contextlib.suppress(Exception):
+                        group.abort()
+                    raise InferenceBadRequest(
+                        f"an engine refused the update before receiving it "
+                        f"({refused[0].exception()}); the weight group is closed, reconnect"
+                    )
+        await send
+
+    async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PushStats:
+        """Send every tensor to every engine; returns bytes, seconds and the new version."""
+        if self._group is None:
+            raise RuntimeError("call connect() first")
+        infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
+        version = max(i["weight_version"] for i in infos) + 1
+        paused_at = time.perf_counter()
+        if self.pause_mode:
+            await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self._clients))
+        total, start, seconds = 0, time.perf_counter(), 0.0
+        failure: BaseException | None = None
+        try:
+            for bucket in self._buckets(named_tensors):
+                names = [n for n, _ in bucket]
+                tensors = [t for _, t in bucket]
+                calls = [
+                    asyncio.create_task(
+                        c.update_weights_from_distributed(
+                            names,
+                            [dtype_name(t.dtype) for t in tensors],
+                            [list(t.shape) for t in tensors],
+                            group_name=self.group_name,
+                            weight_version=version,
+                        )
+                    )
+                    for c in self._clients
+                ]
+                await self._broadcast_watching(tensors, calls)
+                results = await asyncio.gather(*calls, return_exceptions=True)
+                total += sum(t.numel() * t.element_size() for t in tensors)
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors and failure is None:
+                    failure = errors[0]
+                    # Later buckets would be rejected the same way; stop here.
+                    break
+            seconds = time.perf_counter() - start  # transfer: first post to last answer
+        finally:
+            if self.pause_mode:
+                await asyncio.gather(
+                    *(c.continue_generation() for c in self._clients), return_exceptions=True
+                )
+        paused = time.perf_counter() - paused_at
+        if failure is not None:
+            raise failure
+        stats = PushStats(total, seconds, version, paused_seconds=paused)
+        log.info(
+            "weights pushed",
+            extra={
+                "bytes": total,
+                "seconds": round(seconds, 3),
+                "paused_seconds": round(paused, 3),
+                "version": version,
+                "gb_per_s": round(stats.gbytes_per_s, 3),
+            },
+        )
+        return stats
+
+    async def close(self) -> None:
+        if self._group is not None:
+            destroy_weight_group(self._group)
+            self._group = None
+        await asyncio.gather(*(c.aclose() for c in self._clients))
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """Run a blocking collective off the event loop. Unlike `asyncio.to_thread`, a daemon
+    thread stuck in a dead collective does not block interpreter exit."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            value, exc = fn(), None
+        except BaseException as e:
+            value, exc = None, e
+        # The loop may be gone: an aborted collective can fail after the caller gave up.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, fut, value, exc)
+
+    threading.Thread(target=run, name="weight-collective", daemon=True).start()
+    return fut
+
+
+def _settle(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)

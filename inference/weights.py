@@ -1,0 +1,152 @@
+"""Engine side of weight updates: from a checkpoint directory or by broadcast from a trainer.
+
+Every method runs on the engine's scheduler thread (between decode steps) except `init_group`.
+A bad update (unknown names, wrong shapes) raises ValueError *before* any parameter changes, so
+the engine keeps serving the old weights. In the distributed path the tensors are received
+first in any case: the sender broadcasts them regardless, and skipping the receive would leave
+the group out of step for the next update.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import Counter
+
+from inference.weight_group import destroy_weight_group, dtype_from_name, new_weight_group
+
+log = logging.getLogger(__name__)
+
+WEIGHT_UPDATES = Counter(
+    "searchr1_inference_weight_updates_total", "Weight updates", ["source", "outcome"]
+)
+
+
+class WeightLoader:
+    def __init__(self, model: torch.nn.Module, *, timeout_s: float = 600.0) -> None:
+        self.model = model
+        self.timeout_s = timeout_s
+        self.groups: dict[str, Any] = {}
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        # state_dict keys are the checkpoint's names; tied weights appear under both names.
+        return dict(self.model.state_dict(keep_vars=True))
+
+    def _check(self, named: dict[str, tuple[torch.Size, Any]]) -> dict[str, torch.Tensor]:
+        """The model's tensors by name; ValueError for unknown names or wrong shapes."""
+        params = self._params()
+        unknown = sorted(set(named) - set(params))
+        if unknown:
+            raise ValueError(f"unknown parameter names: {unknown[:5]}")
+        wrong = [
+            f"{n}: got {list(shape)}, model has {list(params[n].shape)}"
+            for n, (shape, _) in named.items()
+            if tuple(shape) != tuple(params[n].shape)
+        ]
+        if wrong:
+            raise ValueError(f"shape mismatch: {'; '.join(wrong[:5])}")
+        return params
+
+    @torch.no_grad()
+    def _apply(self, params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+        for name, t in tensors.items():
+            p = params[name]
+            p.data.copy_(t.to(device=p.device, dtype=p.dtype))
+
+    def load_from_disk(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+        if not files:
+            WEIGHT_UPDATES.labels("disk", "rejected").inc()
+            raise ValueError(f"model_path {path}: no *.safetensors files in that directory")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    tensors[name] = sf.get_tensor(name)
+        try:
+            params = self._check({n: (t.shape, t.dtype) for n, t in tensors.items()})
+        except ValueError:
+            WEIGHT_UPDATES.labels("disk", "rejected").inc()
+            raise
+        self._apply(params, tensors)
+        WEIGHT_UPDATES.labels("disk", "ok").inc()
+        log.info("weights loaded from disk", extra={"path": str(path), "tensors": len(tensors)})
+
+    def init_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl (got {backend!r})")
+        if not 1 <= rank_offset < world_size:
+            raise ValueError(f"rank_offset {rank_offset} outside [1, world_size={world_size})")
+        # A trainer that restarts (or reconnects) re-creates its group under the same name.
+        old = self.groups.pop(group_name, None)
+        if old is not None:
+            destroy_weight_group(old)
+        self.groups[group_name] = new_weight_group(
+            backend=backend,
+            master_address=master_address,
+            master_port=master_port,
+            world_size=world_size,
+            rank=rank_offset,
+            group_name=group_name,
+            timeout_s=self.timeout_s,
+        )
+        log.info("joined weight update group", extra={"group": group_name, "rank": rank_offset})
+
+    def receive(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
+    ) -> None:
+        import torch.distributed as dist
+
+        group = self.groups.get(group_name)
+        if group is None:
+            WEIGHT_UPDATES.labels("distributed", "rejected").inc()
+            raise ValueError(f"no weight update group {group_name!r}: call init first")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError("names, dtypes and shapes must have the same length")
+        device = next(self.model.parameters()).device
+        declared = {
+            n: (torch.Size(s), dtype_from_name(d))
+            for n, d, s in zip(names, dtypes, shapes, strict=True)
+        }
+        try:
+            params: dict[str, torch.Tensor] | None = self._check(declared)
+            problem = None
+        except ValueError as e:
+            params, problem = None, e
+        # Valid tensors of the parameter's dtype are received straight into the parameter
+        # (the scheduler is between steps: nothing reads it now); others go to a buffer.
+        targets: dict[str, torch.Tensor] = {}
+        for name, (shape, dtype) in declared.items():
+            p = params[name].data if params is not None else None
+            direct = p is not None and p.dtype == dtype and p.is_contiguous()
+            targets[name] = p if direct else torch.empty(shape, dtype=dtype, device=device)
+        # The broadcast is per tensor, in order (SGLang's wire protocol). Receive everything
+        # even when rejecting: the sender broadcasts regardless.
+        works = [dist.broadcast(t, src=0, group=group, async_op=True) for t in targets.values()]
+        for w in works:
+            w.wait()
+        if problem is not None:
+            WEIGHT_UPDATES.labels("distributed", "rejected").inc()
+            raise problem
+        assert params is not None
+        self._apply(params, {n: t for n, t in targets.items() if t is not params[n].data})
+        WEIGHT_UPDATES.labels("distributed", "ok").inc()
+
+    def close(self) -> None:
+        for g in self.groups.values():
+            destroy_weight_group(g)
+        self.groups.clear()

@@ -1,0 +1,61 @@
+"""Extension points loaded by dotted path, resolved and signature-checked once at start-up.
+
+A typo or a wrong signature fails when the service starts, naming the config field, not hours
+later in the middle of a run (slime resolves its hooks lazily).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+class HookError(ValueError):
+    """A dotted-path hook that cannot be loaded or has the wrong signature."""
+
+
+def load_hook(path: str, *, field: str, n_args: int, is_async: bool | None = None) -> Callable:
+    """Import `pkg.mod:fn` (or `pkg.mod.fn`) and check it accepts exactly `n_args` positionals.
+
+    `is_async`: True requires a coroutine function, False forbids one, None allows both.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise HookError(f"{field}: {path!r} is not a dotted path like 'pkg.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise HookError(f"{field}: cannot import module {module_name!r}: {e}") from e
+    fn: Any = module
+    for part in attr.split("."):
+        try:
+            fn = getattr(fn, part)
+        except AttributeError as e:
+            raise HookError(f"{field}: module {module_name!r} has no {attr!r}") from e
+    if not callable(fn):
+        raise HookError(f"{field}: {path!r} is not callable")
+    check_signature(fn, field=field, n_args=n_args)
+    coro = inspect.iscoroutinefunction(fn)
+    if is_async is True and not coro:
+        raise HookError(f"{field}: {path!r} must be an `async def` function")
+    if is_async is False and coro:
+        raise HookError(f"{field}: {path!r} must be a plain (not async) function")
+    return fn
+
+
+def check_signature(fn: Callable, *, field: str, n_args: int) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise HookError(f"{field}: cannot inspect the signature of {fn!r}: {e}") from e
+    try:
+        sig.bind(*([None] * n_args))
+    except TypeError as e:
+        raise HookError(
+            f"{field}: {getattr(fn, '__qualname__', fn)}{sig} must accept {n_args} positional "
+            f"argument(s): {e}"
+        ) from e

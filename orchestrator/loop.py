@@ -1,0 +1,227 @@
+"""The rollout loop: steps of prompt groups -> scored trajectories on the bus.
+
+Modes (by the engine's weight version, which starts at `base` and is bumped by every update):
+- sync: a step starts once the engine serves version `base + published // G` (G =
+  `prompts_per_step` = the trainer's groups per step): the trainer has consumed every full
+  batch published so far and pushed new weights, so samples are on-policy;
+- async: the same bound minus `max_staleness`; at publish time a group whose oldest turn is
+  more than `max_staleness` versions behind the engine is dropped or regenerated (by config).
+Counting published groups rather than steps means a dropped group (stale, or a sample that
+failed) never deadlocks the pair: the trainer's next batch is filled from the next step.
+
+Restarts: the next step, the base version and the ids of published groups live in Redis. A
+step's prompts and trajectory ids are pure functions of (run_id, step, prompt, sample), so a
+restarted orchestrator re-runs an unfinished step, skips the groups it already published, and
+any group republished after a crash between publish and marker carries the same trajectory ids,
+which the bus deduplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Protocol
+
+from orchestrator import metrics
+from orchestrator.config import Mode, OrchestratorConfig, StalePolicy
+from orchestrator.data import PromptSampler
+from orchestrator.prompt import prompt_token_ids
+from orchestrator.rollout import Rollout, run_group
+from orchestrator.sample import Prompt, Sample, Status, new_group
+from orchestrator.scoring import Scorer
+from orchestrator.trajectory import to_trajectory
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    async def get_model_info(self) -> dict[str, Any]: ...
+
+
+class Bus(Protocol):
+    redis: Any
+
+    async def publish(self, trajectories: list[Any]) -> list[str]: ...
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        cfg: OrchestratorConfig,
+        *,
+        rollout: Rollout,
+        scorer: Scorer,
+        engine: Engine,
+        bus: Bus,
+        sampler: PromptSampler,
+        validation: tuple[Rollout, list[Prompt]] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rollout = rollout
+        self.scorer = scorer
+        self.engine = engine
+        self.bus = bus
+        self.sampler = sampler
+        self.validation = validation  # (greedy rollout, the fixed validation subset)
+        self.last_eval: dict[str, Any] = {}
+        self.prefix = f"searchr1:orchestrator:{cfg.run_id}"
+        self.base_version: int | None = None
+        self.step = 0
+        self.current_version = 0
+        self.running = False
+        self.last_summary: dict[str, float] = {}
+        # Whole groups are admitted, so the in-flight cap is counted in groups.
+        r = cfg.rollout
+        self._gate = asyncio.Semaphore(max(1, r.max_concurrent_samples // r.group_size))
+
+    # -- state in Redis ---------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Resume: the next step and the base weight version (set once, on the first start)."""
+        r = self.bus.redis
+        version = await self.engine_version()
+        await r.set(f"{self.prefix}:base_version", version, nx=True)
+        self.base_version = int(await r.get(f"{self.prefix}:base_version"))
+        self.step = int(await r.get(f"{self.prefix}:step") or 0)
+        if self.step:
+            log.info("resuming", extra={"step": self.step, "base_version": self.base_version})
+
+    async def _published(self, group_id: str) -> bool:
+        return bool(await self.bus.redis.sismember(f"{self.prefix}:published", group_id))
+
+    async def _mark_published(self, group_id: str) -> None:
+        await self.bus.redis.sadd(f"{self.prefix}:published", group_id)
+
+    async def published_count(self) -> int:
+        return int(await self.bus.redis.scard(f"{self.prefix}:published"))
+
+    # -- weights ----------------------------------------------------------------------------
+
+    async def engine_version(self) -> int:
+        info = await self.engine.get_model_info()
+        self.current_version = max(self.current_version, int(info["weight_version"]))
+        return int(info["weight_version"])
+
+    def required_version(self, published: int) -> int:
+        """The version the engine must serve before more groups are generated."""
+        assert self.base_version is not None
+        lag = self.cfg.max_staleness if self.cfg.mode == Mode.ASYNC else 0
+        return self.base_version + published // self.cfg.rollout.prompts_per_step - lag
+
+    async def wait_for_weights(self, step: int) -> None:
+        need = self.required_version(await self.published_count())
+        logged = False
+        while True:
+            try:
+                if await self.engine_version() >= need:
+                    return
+            except Exception as e:  # engine restarting: keep waiting, it is not an error yet
+                if not logged:
+                    log.warning("engine unreachable while waiting", extra={"error": repr(e)})
+                    logged = True
+            if not logged:
+                log.info("waiting for weights", extra={"step": step, "need_version": need})
+                logged = True
+            await asyncio.sleep(self.cfg.weight_poll_s)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run steps until the data (or `max_steps`) is used up."""
+        self.running = True
+        await self.restore()
+        last = self.sampler.num_steps
+        if self.cfg.max_steps is not None:
+            last = min(last, self.cfg.max_steps)
+        try:
+            while self.step < last:
+                await self.maybe_validate()
+                await self.run_step(self.step)
+                self.step += 1
+                await self.bus.redis.set(f"{self.prefix}:step", self.step)
+                metrics.STEP.set(self.step)
+            await self.maybe_validate(final=True)
+        finally:
+            self.running = False
+        log.info("rollout finished", extra={"steps": self.step})
+
+    async def maybe_validate(self, final: bool = False) -> None:
+        """Greedy validation every `eval_every_steps` steps (and after the last one)."""
+        every = self.cfg.eval_every_steps
+        if self.validation is None or every is None or (self.step % every and not final):
+            return
+        from orchestrator.evaluate import evaluate
+
+        rollout, prompts = self.validation
+        result = await evaluate(self.cfg, rollout, prompts)
+        for source, scores in result["per_source"].items():
+            for m in ("em", "sub_em", "f1"):
+                metrics.EVAL_SCORE.labels(source, m).set(scores[m])
+        self.last_eval = {"step": self.step, "version": self.current_version, **result}
+        log.info("validation", extra={"step": self.step, "macro": result["macro"]})
+
+    async def run_step(self, step: int) -> dict[str, float]:
+        await self.wait_for_weights(step)
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(self._run_group(step, p) for p in self.sampler.batch(step))
+        )
+        samples = [s for group in results for s in group]
+        summary = metrics.step_summary(samples, time.perf_counter() - start)
+        summary["step"] = float(step)
+        self.last_summary = summary
+        log.info("step done", extra=summary)
+        return summary
+
+    async def _run_group(self, step: int, prompt: Prompt) -> list[Sample]:
+        group_id = f"{self.cfg.run_id}/{step}/{prompt.prompt_id}"
+        if await self._published(group_id):
+            metrics.GROUPS_SKIPPED.labels("already_published").inc()
+            log.info("group already published; skipping", extra={"group_id": group_id})
+            return []
+        # Tokenized per group, not cached: a cache over a 170k-row dataset costs gigabytes.
+        prompt_ids = prompt_token_ids(self.rollout.tokenizer, prompt.messages)
+        while True:
+            group = new_group(
+                prompt,
+                prompt_ids,
+                group_size=self.cfg.rollout.group_size,
+                rollout_step=step,
+                run_id=self.cfg.run_id,
+            )
+            async with self._gate:
+                await run_group(self.rollout, group)
+            if any(s.status in (Status.ERROR, Status.ABORTED) for s in group):
+                metrics.GROUPS_SKIPPED.labels("error").inc()
+                log.warning(
+                    "group dropped: a sample failed",
+                    extra={
+                        "group_id": group_id,
+                        "error": next((s.error for s in group if s.error), ""),
+                    },
+                )
+                return group
+            await self.scorer.score_group(group)
+            if await self._fresh(group):
+                break
+            if self.cfg.stale_policy == StalePolicy.DROP:
+                metrics.GROUPS_SKIPPED.labels("stale").inc()
+                return group
+            metrics.STALE_REGENERATED.inc()
+        await self.bus.publish([to_trajectory(s) for s in group])
+        await self._mark_published(group_id)
+        metrics.GROUPS_PUBLISHED.inc()
+        return group
+
+    async def _fresh(self, group: list[Sample]) -> bool:
+        oldest = min(v for s in group for v in (s.weight_versions or [0]))
+        newest = max([self.current_version, *(v for s in group for v in s.weight_versions)])
+        if self.cfg.mode == Mode.ASYNC:
+            # The engine may be down right now; then judge by the versions seen so far.
+            with contextlib.suppress(Exception):
+                newest = max(newest, await self.engine_version())
+        lag = newest - oldest
+        metrics.STALENESS.observe(lag)
+        return self.cfg.mode == Mode.SYNC or lag <= self.cfg.max_staleness

@@ -1,0 +1,228 @@
+"""The multi-turn search rollout of one sample, token-exact.
+
+Each sample runs its own async loop (`run_sample`), so a sample waiting on a search never holds
+back one that is generating; the service starts one task per sample. The context sent to the
+engine is always token ids: prompt ids + the engine's own output ids (as returned, stop string
+included) + observation ids tokenized once. The engine's logprobs are kept as they came.
+
+Turn semantics (spec section 2):
+- slime: `max_turns` generation calls in all (default 2: one usable search, then an answer);
+- original: `max_turns` rounds with search enabled, then one final generation whose search,
+  if any, is not executed.
+A search on the last generation call is never executed: no further turn could read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from orchestrator import metrics
+from orchestrator.config import RolloutConfig, TurnSemantics
+from orchestrator.hooks import load_hook
+from orchestrator.observation import (
+    Observation,
+    Tokenizer,
+    format_docs,
+    parse_action,
+    tokenize_message,
+    tokenize_observation,
+)
+from orchestrator.sample import Sample, Status, TurnRecord
+from orchestrator.search import SearchTool
+
+log = logging.getLogger(__name__)
+
+
+class Generator(Protocol):
+    """The engine API used here (inference.client.InferenceClient implements it)."""
+
+    async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
+
+
+class EngineDown(RuntimeError):
+    """The engine stayed unreachable for longer than `engine_retry_s`."""
+
+
+def _engine_unavailable(exc: BaseException) -> bool:
+    """Worth waiting for: the engine is restarting, overloaded or unreachable."""
+    if isinstance(exc, ConnectionError | OSError | TimeoutError):
+        return True
+    from inference.client import InferenceUnavailable
+
+    return isinstance(exc, InferenceUnavailable)
+
+
+def _engine_bad_request(exc: BaseException) -> bool:
+    from inference.client import InferenceBadRequest
+
+    return isinstance(exc, InferenceBadRequest)
+
+
+class Rollout:
+    """Runs samples. Also the object a custom generate function receives, with its helpers."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        generator: Generator,
+        search: SearchTool,
+        tokenizer: Tokenizer,
+        *,
+        engine_retry_s: float = 600.0,
+        greedy: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.generator = generator
+        self.search_tool = search
+        self.tokenizer = tokenizer
+        self.engine_retry_s = engine_retry_s
+        self.greedy = greedy
+        self._invalid = tokenize_message(tokenizer, cfg.invalid_action_message)
+        self._custom: Callable[[Rollout, Sample], Awaitable[None]] | None = None
+        if cfg.custom_generate:
+            self._custom = load_hook(
+                cfg.custom_generate, field="rollout.custom_generate", n_args=2, is_async=True
+            )
+
+    @property
+    def generation_calls(self) -> int:
+        extra = 1 if self.cfg.turn_semantics == TurnSemantics.ORIGINAL else 0
+        return self.cfg.max_turns + extra
+
+    async def run_sample(self, sample: Sample) -> Sample:
+        """Run one sample to completion (never raises for engine/tool trouble: status ERROR)."""
+        sample.created_at = time.time()
+        try:
+            if self._custom is not None:
+                await self._custom(self, sample)
+            else:
+                while not await self.step(sample):
+                    pass
+        except EngineDown as e:
+            sample.status, sample.error = Status.ERROR, str(e)
+        except Exception as e:
+            if not _engine_bad_request(e):  # 4xx: e.g. a prompt beyond the context length
+                raise
+            sample.status, sample.error = Status.ERROR, f"engine rejected the request: {e}"
+        if sample.status is None:
+            sample.status = Status.MAX_TURNS
+        sample.finished_at = time.time()
+        metrics.observe_sample(sample)
+        return sample
+
+    async def step(self, sample: Sample) -> bool:
+        """One generation call and the action it triggers. True when the sample is done.
+
+        Exposed so a caller can also drive a batch turn by turn (the original's barrier loop,
+        used by bench/rollout.py for comparison).
+        """
+        if sample.status is not None:
+            return True
+        turn_index = len(sample.turns)
+        remaining = self.cfg.max_response_tokens - len(sample.response_ids)
+        if remaining <= 0:
+            sample.status = Status.RESPONSE_BUDGET
+            return True
+        max_new = min(self.cfg.max_tokens_per_turn, remaining)
+        result, latency = await self.generate(sample, max_new)
+        ids = list(result.output_ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        sample.append_model(ids, result.logprobs, text)
+        sample.weight_versions.append(int(result.weight_version))
+        turn = TurnRecord(
+            index=turn_index,
+            action="none",
+            generated_tokens=len(ids),
+            generate_latency_s=latency,
+            engine_finish_reason=str(result.finish_reason),
+            weight_version=int(result.weight_version),
+        )
+        sample.turns.append(turn)
+        sample.generate_s += latency
+        if result.finish_reason == "abort":
+            sample.status, sample.error = Status.ABORTED, "engine aborted the request"
+            return True
+        action, content = parse_action(text)
+        turn.action = action or "invalid"
+        if action == "answer":
+            sample.status = Status.ANSWERED
+            return True
+        if turn_index + 1 >= self.generation_calls:
+            sample.status = Status.MAX_TURNS
+            return True
+        if len(sample.response_ids) >= self.cfg.max_response_tokens:
+            sample.status = Status.RESPONSE_BUDGET
+            return True
+        if action == "search":
+            turn.query = content
+            obs = await self.search_observation(sample, turn, content)
+        else:
+            obs = self._invalid
+        if len(sample.response_ids) + len(obs.ids) >= self.cfg.max_response_tokens:
+            # No room for the observation and a further turn: end here, honestly labelled.
+            sample.status = Status.RESPONSE_BUDGET
+            return True
+        sample.append_observation(obs.ids, obs.text)
+        turn.observation_tokens = len(obs.ids)
+        return False
+
+    async def generate(self, sample: Sample, max_new_tokens: int) -> tuple[Any, float]:
+        """One engine call on the sample's token context; waits out engine restarts.
+
+        An aborted call (the trainer paused generation with `abort` for a weight update) is
+        discarded and re-issued, up to `max_abort_retries` times: the turn is regenerated in
+        full by the new weights rather than stitched from two policies.
+        """
+        context = sample.prompt_ids + sample.response_ids
+        deadline = time.monotonic() + self.engine_retry_s
+        delay = 0.5
+        aborts = 0
+        while True:
+            start = time.perf_counter()
+            try:
+                result = await self.generator.generate(
+                    context,
+                    max_new_tokens=max_new_tokens,
+                    temperature=0.0 if self.greedy else self.cfg.temperature,
+                    top_p=1.0 if self.greedy else self.cfg.top_p,
+                    top_k=1 if self.greedy else self.cfg.top_k,
+                    stop=list(self.cfg.stop),
+                    no_stop_trim=True,
+                    return_logprob=True,
+                )
+                if result.finish_reason == "abort" and aborts < self.cfg.max_abort_retries:
+                    aborts += 1
+                    metrics.ENGINE_ABORTS.inc()
+                    await asyncio.sleep(min(0.1 * aborts, 2.0))
+                    continue
+                return result, time.perf_counter() - start
+            except Exception as e:
+                if not _engine_unavailable(e):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise EngineDown(f"engine unavailable for {self.engine_retry_s}s: {e}") from e
+                metrics.ENGINE_RETRIES.inc()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def search_observation(self, sample: Sample, turn: TurnRecord, query: str) -> Observation:
+        outcome = await self.search_tool.search(query)
+        turn.tool_latency_s = outcome.latency_s
+        turn.tool_attempts = outcome.attempts
+        sample.tool_s += outcome.latency_s
+        if outcome.error:
+            turn.error = outcome.error
+            body = self.search_tool.cfg.failure_observation.format(error=outcome.error)
+        else:
+            turn.doc_ids = [str(d.id) for d in outcome.docs]
+            body = format_docs(outcome.docs)
+        return tokenize_observation(self.tokenizer, body, self.cfg.observation_max_tokens)
+
+
+async def run_group(rollout: Rollout, samples: list[Sample]) -> list[Sample]:
+    """All samples of a group concurrently, each in its own loop (no barrier between turns)."""
+    return list(await asyncio.gather(*(rollout.run_sample(s) for s in samples)))

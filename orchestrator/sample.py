@@ -1,0 +1,123 @@
+"""The record types that flow through the orchestrator: prompt -> sample -> trajectory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One dataset row, as the rollout needs it."""
+
+    prompt_id: str  # stable: "<data_source>/<split>/<index>"
+    data_source: str
+    messages: list[dict[str, str]]
+    golds: list[str]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class Status(StrEnum):
+    ANSWERED = "answered"
+    MAX_TURNS = "max_turns"
+    RESPONSE_BUDGET = "response_budget"
+    CONTEXT_LIMIT = "context_limit"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+@dataclass
+class TurnRecord:
+    index: int
+    action: str  # search | answer | invalid | none
+    query: str = ""
+    doc_ids: list[str] = field(default_factory=list)
+    tool_latency_s: float = 0.0
+    tool_attempts: int = 0
+    error: str = ""
+    generated_tokens: int = 0
+    observation_tokens: int = 0
+    generate_latency_s: float = 0.0
+    engine_finish_reason: str = ""
+    weight_version: int = 0
+
+
+@dataclass
+class Sample:
+    """One rollout sample. The token arrays are the truth; `response_text` mirrors them.
+
+    `response_text` is built by concatenating the engine's text of each turn and the
+    observation text, so `decode(response_ids) == response_text` is a checkable invariant.
+    """
+
+    prompt: Prompt
+    group_id: str
+    sample_index: int
+    group_size: int
+    prompt_ids: list[int]
+    rollout_step: int = 0
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    has_logprobs: bool = True
+    response_text: str = ""
+    turns: list[TurnRecord] = field(default_factory=list)
+    status: Status | None = None
+    error: str = ""
+    weight_versions: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    created_at: float = 0.0
+    finished_at: float = 0.0
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+    reward_s: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trajectory_id(self) -> str:
+        return f"{self.group_id}/{self.sample_index}"
+
+    @property
+    def golds(self) -> list[str]:
+        return self.prompt.golds
+
+    def append_model(self, ids: list[int], logprobs: list[float] | None, text: str) -> None:
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        if logprobs is None:
+            self.has_logprobs = False
+            self.logprobs += [0.0] * len(ids)
+        else:
+            assert len(logprobs) == len(ids), "engine logprobs must align with its token ids"
+            self.logprobs += list(logprobs)
+        self.response_text += text
+
+    def append_observation(self, ids: list[int], text: str) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.response_text += text
+
+
+def new_group(
+    prompt: Prompt, prompt_ids: list[int], *, group_size: int, rollout_step: int, run_id: str
+) -> list[Sample]:
+    """The `group_size` samples of one prompt at one step; ids are deterministic.
+
+    `group_id` = run/step/prompt: a restarted orchestrator regenerating the same step produces
+    the same trajectory ids, which the bus deduplicates.
+    """
+    group_id = f"{run_id}/{rollout_step}/{prompt.prompt_id}"
+    return [
+        Sample(
+            prompt=prompt,
+            group_id=group_id,
+            sample_index=i,
+            group_size=group_size,
+            prompt_ids=list(prompt_ids),
+            rollout_step=rollout_step,
+        )
+        for i in range(group_size)
+    ]

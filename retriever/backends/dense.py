@@ -1,0 +1,193 @@
+"""Dense retrieval: encode queries, search a faiss index (Flat / HNSW / IVF), map ids to rows.
+
+For a Flat inner-product index there are two exact search paths. On one CPU core faiss Flat is
+memory-bound and, for a batch of queries, slower than a torch matmul + top-k (platform spec;
+measured again in docs/benchmarks.md), and on a GPU faiss-cpu is not an option at all, so
+`flat_search: auto` uses torch over a zero-copy view of faiss's own vectors (a copy on GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retriever.backends.base import Hit
+from retriever.config import DenseConfig
+from retriever.corpus import CorpusStore
+from retriever.encoder import Encoder, EncoderProcess, EncoderSpec, resolve_device
+from retriever.manifest import DenseManifest
+
+log = logging.getLogger(__name__)
+
+# Rows scored per matmul on the torch path: bounds the (queries x rows) score matrix
+# (64 x 1M fp32 = 256 MB) so a 21M-row corpus never allocates tens of GB at once.
+_TORCH_CHUNK_ROWS = 1 << 20
+
+
+class DenseIndex:
+    """Exact or approximate nearest-neighbour search over passage vectors."""
+
+    def __init__(self, index, cfg: DenseConfig) -> None:  # type: ignore[no-untyped-def]
+        import faiss
+
+        self.index = index  # owns the memory that the views below point into
+        self.ntotal = int(index.ntotal)
+        self.dim = int(index.d)
+        self._torch_vectors = None
+        faiss.omp_set_num_threads(cfg.torch_threads)
+        typed = faiss.downcast_index(index)
+        if isinstance(typed, faiss.IndexHNSW):
+            typed.hnsw.efSearch = cfg.hnsw_ef_search
+        if isinstance(typed, faiss.IndexIVF):
+            typed.nprobe = cfg.ivf_nprobe
+        # The torch path computes inner products: only for a Flat inner-product index.
+        use_torch = (
+            isinstance(typed, faiss.IndexFlat)
+            and typed.metric_type == faiss.METRIC_INNER_PRODUCT
+            and cfg.flat_search != "faiss"
+        )
+        if use_torch:
+            self._torch_vectors = self._torch_view(typed, resolve_device(cfg.device))
+        self.search_path = "torch" if use_torch else "faiss"
+
+    def _torch_view(self, flat, device: str):  # type: ignore[no-untyped-def]
+        import faiss
+        import torch
+
+        n, d = int(flat.ntotal), int(flat.d)
+        if n == 0:
+            return torch.zeros((0, d), dtype=torch.float32, device=device)
+        # Zero-copy view of faiss's contiguous float32 storage: no second copy of the corpus.
+        xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)
+        vecs = torch.from_numpy(xb)
+        if device.startswith("cuda"):
+            vecs = vecs.to(device=device, dtype=torch.float16)
+        return vecs
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids), each (n_queries, k'); k' = min(k, ntotal); ids -1 where fewer found."""
+        k = min(k, self.ntotal)
+        if k == 0 or len(queries) == 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if self._torch_vectors is None:
+            scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+            return scores, ids
+        return self._torch_search(queries, k)
+
+    def _torch_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        vecs = self._torch_vectors
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        q = q.to(device=vecs.device, dtype=vecs.dtype)
+        best_s: torch.Tensor | None = None
+        best_i: torch.Tensor | None = None
+        with torch.inference_mode():
+            for start in range(0, self.ntotal, _TORCH_CHUNK_ROWS):
+                block = vecs[start : start + _TORCH_CHUNK_ROWS]
+                s, i = torch.topk(q @ block.T, min(k, block.shape[0]), dim=1)
+                i = i + start
+                if best_s is None:
+                    best_s, best_i = s, i
+                else:
+                    s = torch.cat([best_s, s], dim=1)
+                    i = torch.cat([best_i, i], dim=1)
+                    best_s, pos = torch.topk(s, k, dim=1)
+                    best_i = torch.gather(i, 1, pos)
+        assert best_s is not None and best_i is not None
+        return best_s.float().cpu().numpy(), best_i.cpu().numpy()
+
+
+class DenseBackend:
+    """Encoder + index + corpus: queries in, corpus rows with scores out."""
+
+    name = "dense"
+
+    def __init__(
+        self,
+        encoder: Encoder | EncoderProcess,
+        index: DenseIndex,
+        corpus: CorpusStore,
+        cfg: DenseConfig,
+    ):
+        if index.ntotal != len(corpus):
+            raise ValueError(
+                f"the faiss index holds {index.ntotal} vectors but the corpus has {len(corpus)} "
+                "rows; they must correspond row by row"
+            )
+        if index.dim != encoder.dim:
+            raise ValueError(f"index dim {index.dim} != encoder dim {encoder.dim}")
+        self.encoder = encoder
+        self.index = index
+        self.corpus = corpus
+        self.cfg = cfg
+
+    @classmethod
+    def load(
+        cls,
+        index_dir: Path,
+        m: DenseManifest,
+        index_file: Path,
+        corpus: CorpusStore,
+        cfg: DenseConfig,
+    ) -> DenseBackend:
+        import faiss
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+        spec = EncoderSpec(
+            model_path=cfg.encoder_path or m.encoder_path,
+            query_prefix=m.query_prefix,
+            passage_prefix=m.passage_prefix,
+            pooling=m.pooling,
+            normalize=m.normalize,
+            max_length=m.max_length,
+        )
+        encoder: Encoder | EncoderProcess
+        if cfg.encoder_process:
+            encoder = EncoderProcess(spec, device=cfg.device, torch_threads=cfg.torch_threads)
+        else:
+            encoder = Encoder(spec, device=cfg.device)
+        index = DenseIndex(faiss.read_index(str(index_file)), cfg)
+        log.info(
+            "dense index loaded",
+            extra={"rows": index.ntotal, "dim": index.dim, "search_path": index.search_path},
+        )
+        return cls(encoder, index, corpus, cfg)
+
+    def search_ids(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        vecs = self.encoder.encode(queries, is_query=True, batch_size=self.cfg.encode_batch_size)
+        return self.index.search(vecs, topk)
+
+    def search_batch(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        return self._search_stage(self._encode_stage((queries, topk)))
+
+    def stages(self) -> list[Callable[[Any], Any]]:
+        """Two pipeline stages for the batcher: encoding overlaps the previous batch's search."""
+        return [self._encode_stage, self._search_stage]
+
+    def _encode_stage(self, args: tuple[list[str], int]) -> tuple[np.ndarray, int]:
+        queries, topk = args
+        return self.encoder.encode(
+            queries, is_query=True, batch_size=self.cfg.encode_batch_size
+        ), topk
+
+    def _search_stage(self, args: tuple[np.ndarray, int]) -> list[list[Hit]]:
+        vecs, topk = args
+        scores, ids = self.index.search(vecs, topk)
+        return [
+            [(self.corpus.row(int(i)), float(s)) for s, i in zip(srow, irow, strict=True) if i >= 0]
+            for srow, irow in zip(scores, ids, strict=True)
+        ]
+
+    def healthy(self) -> bool:
+        return not isinstance(self.encoder, EncoderProcess) or self.encoder.alive()
+
+    def close(self) -> None:
+        if isinstance(self.encoder, EncoderProcess):
+            self.encoder.close()
+        self.corpus.close()

@@ -1,0 +1,206 @@
+"""Index building: corpus JSONL in, self-describing index directory out (see manifest.py).
+
+`build_index(corpus_jsonl, out_dir, BuildConfig(...))` is the Python API behind
+`searchr1 retriever build`. Dense builds stream the corpus in chunks (encode, add to faiss), so
+memory holds one chunk of text plus the index; `faiss_index=` imports an existing Search-R1
+index (e.g. `e5_Flat.index` for `wiki-18.jsonl`) without re-encoding anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from retriever.corpus import CorpusStore
+from retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSpec, resolve_model_path
+from retriever.manifest import Bm25Manifest, DenseManifest, Manifest, write_manifest
+from searchr1.sections import Section
+
+log = logging.getLogger(__name__)
+
+_CHUNK_ROWS = 8192
+
+
+class BuildConfig(Section):
+    backend: Literal["dense", "bm25", "hybrid"] = "dense"
+    # Dense: encoder and e5 conventions (recorded in the manifest for query encoding).
+    encoder: str | None = Field(default=None, description="HF encoder dir; default: PyPI MiniLM")
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    max_length: int = Field(default=256, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    device: str = "auto"
+    index_type: Literal["Flat", "HNSW", "IVF"] = "Flat"
+    hnsw_m: int = Field(default=32, ge=2)
+    hnsw_ef_construction: int = Field(default=200, ge=1)
+    ivf_nlist: int | None = Field(default=None, ge=1, description="default ~4*sqrt(rows)")
+    ivf_train_size: int = Field(default=100_000, ge=1)
+    faiss_index: str | None = Field(
+        default=None, description="Import this existing faiss index instead of encoding."
+    )
+    # Corpus: copied into the directory (self-contained) or referenced by absolute path.
+    copy_corpus: bool = True
+    # BM25.
+    bm25: Bm25Manifest = Field(default_factory=Bm25Manifest)
+    progress: bool = True
+
+
+def _new_faiss_index(cfg: BuildConfig, dim: int, rows: int):  # type: ignore[no-untyped-def]
+    import faiss
+
+    if cfg.index_type == "Flat":
+        return faiss.IndexFlatIP(dim)
+    if cfg.index_type == "HNSW":
+        index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = cfg.hnsw_ef_construction
+        return index
+    nlist = cfg.ivf_nlist or max(1, min(rows, int(4 * math.sqrt(max(rows, 1)))))
+    quantizer = faiss.IndexFlatIP(dim)
+    return faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+
+
+def _encode_corpus(corpus: CorpusStore, encoder: Encoder, cfg: BuildConfig, out: Path) -> dict:
+    import faiss
+    from tqdm import tqdm
+
+    rows = len(corpus)
+    index = _new_faiss_index(cfg, encoder.dim, rows)
+    pending: list[np.ndarray] = []  # IVF: vectors held back until the quantizer is trained
+    bar = tqdm(total=rows, desc="encoding passages", unit="psg", disable=not cfg.progress)
+    for start in range(0, rows, _CHUNK_ROWS):
+        texts = []
+        for i in range(start, min(rows, start + _CHUNK_ROWS)):
+            contents = corpus.row(i).get("contents")
+            if not isinstance(contents, str):
+                raise ValueError(f"{corpus.path}: row {i} has no string 'contents' field")
+            texts.append(contents)
+        vecs = encoder.encode(texts, is_query=False, batch_size=cfg.batch_size, progress=bar.update)
+        if index.is_trained:
+            index.add(vecs)
+            continue
+        pending.append(vecs)
+        held = sum(len(p) for p in pending)
+        if held >= min(cfg.ivf_train_size, rows) or start + _CHUNK_ROWS >= rows:
+            sample = np.concatenate(pending)
+            if len(sample) < index.nlist:
+                raise ValueError(f"IVF needs >= nlist={index.nlist} rows to train, got {rows}")
+            index.train(sample[: cfg.ivf_train_size])
+            index.add(sample)
+            pending.clear()
+    bar.close()
+    faiss.write_index(index, str(out / "dense.faiss"))
+    params: dict = {"index_type": cfg.index_type}
+    if cfg.index_type == "HNSW":
+        params |= {"m": cfg.hnsw_m, "ef_construction": cfg.hnsw_ef_construction}
+    if cfg.index_type == "IVF":
+        params |= {"nlist": int(index.nlist), "train_size": cfg.ivf_train_size}
+    return params
+
+
+def _import_faiss(path: Path, rows: int, dim: int) -> tuple[str, str]:
+    """Check an existing faiss index against the corpus; return (index_type, metric)."""
+    import faiss
+
+    raw = faiss.read_index(str(path))
+    index = faiss.downcast_index(raw)  # a view: `raw` owns the memory and must stay alive
+    if index.ntotal != rows:
+        raise ValueError(f"{path} holds {index.ntotal} vectors but the corpus has {rows} rows")
+    if index.d != dim:
+        raise ValueError(f"{path} has dim {index.d} but the encoder produces dim {dim}")
+    metric = "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
+    if isinstance(index, faiss.IndexFlat):
+        return "Flat", metric
+    if isinstance(index, faiss.IndexHNSW):
+        return "HNSW", metric
+    if isinstance(index, faiss.IndexIVF):
+        return "IVF", metric
+    raise ValueError(f"{path}: unsupported faiss index type {type(index).__name__}")
+
+
+def build_index(
+    corpus_jsonl: str | Path, out_dir: str | Path, cfg: BuildConfig | None = None
+) -> Manifest:
+    """Build (or import) an index directory for `serve`; returns its manifest."""
+    cfg = cfg or BuildConfig()
+    corpus_jsonl, out = Path(corpus_jsonl).resolve(), Path(out_dir)
+    if not corpus_jsonl.is_file():
+        raise ValueError(f"corpus file not found: {corpus_jsonl}")
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.copy_corpus and cfg.faiss_index is None:
+        shutil.copyfile(corpus_jsonl, out / "corpus.jsonl")
+        corpus_path = "corpus.jsonl"
+    else:
+        corpus_path = str(corpus_jsonl)  # a 13 GB dump is referenced, never copied
+    corpus = CorpusStore.open(
+        corpus_jsonl if corpus_path != "corpus.jsonl" else out / "corpus.jsonl",
+        out / "corpus.spans.npy",
+    )
+    rows = len(corpus)
+    if rows == 0:
+        raise ValueError(f"corpus {corpus_jsonl} has no rows")
+    t0 = time.perf_counter()
+    dense = bm25 = None
+    try:
+        if cfg.backend in ("dense", "hybrid"):
+            dense = _build_dense(corpus, cfg, out)
+        if cfg.backend in ("bm25", "hybrid"):
+            texts = [corpus.row(i)["contents"] for i in range(rows)]
+            from retriever.backends.bm25 import Bm25Index
+
+            Bm25Index.build(texts, out / cfg.bm25.dir, cfg.bm25)
+            bm25 = cfg.bm25
+    finally:
+        corpus.close()
+    manifest = Manifest(
+        backend=cfg.backend,
+        rows=rows,
+        corpus_path=corpus_path,
+        dense=dense,
+        bm25=bm25,
+        created_unix=time.time(),
+    )
+    write_manifest(out, manifest)
+    log.info("index built", extra={"rows": rows, "seconds": round(time.perf_counter() - t0, 1)})
+    return manifest
+
+
+def _build_dense(corpus: CorpusStore, cfg: BuildConfig, out: Path) -> DenseManifest:
+    spec = EncoderSpec(
+        model_path=str(Path(cfg.encoder).resolve()) if cfg.encoder else DEFAULT_ENCODER,
+        query_prefix=cfg.query_prefix,
+        passage_prefix=cfg.passage_prefix,
+        pooling=cfg.pooling,
+        normalize=cfg.normalize,
+        max_length=cfg.max_length,
+    )
+    if cfg.faiss_index is not None:
+        from transformers import AutoConfig
+
+        dim = int(AutoConfig.from_pretrained(resolve_model_path(spec.model_path)).hidden_size)
+        index_file = str(Path(cfg.faiss_index).resolve())
+        index_type, metric = _import_faiss(Path(index_file), len(corpus), dim)
+        params: dict = {"imported": index_file}
+    else:
+        encoder = Encoder(spec, device=cfg.device)
+        dim, index_file, metric = encoder.dim, "dense.faiss", "ip"
+        params = _encode_corpus(corpus, encoder, cfg, out)
+        index_type = cfg.index_type
+    fields = spec.to_dict()
+    fields["encoder_path"] = fields.pop("model_path")
+    return DenseManifest(
+        **fields,
+        dim=dim,
+        index_type=index_type,  # type: ignore[arg-type]
+        index_file=index_file,
+        metric=metric,  # type: ignore[arg-type]
+        build_params=params,
+    )

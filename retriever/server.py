@@ -1,0 +1,146 @@
+"""HTTP server: the Search-R1 `POST /retrieve` API, byte-for-byte, plus the gRPC twin.
+
+The request and response shapes are the reference server's (spec section 3):
+    {"queries": [str, ...], "topk": int | null, "return_scores": bool}
+    -> {"result": [[{"id", "contents"}, ...], ...]}                        (return_scores=false)
+    -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...]]} (return_scores=true)
+serialized as FastAPI does (compact separators, UTF-8 unescaped). Unknown request fields are
+ignored, as the reference does.
+
+The index loads in the background after the port opens: /health answers at once, /ready and
+/retrieve answer 503 until the index is loaded. A failed load calls `on_load_error` (the CLI
+stops the server and exits 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, SecretStr
+
+from retriever.backends import BackendUnavailable, Hit
+from retriever.config import RetrieverConfig
+from retriever.engine import BadRequest, Overloaded, RetrieverEngine
+from searchr1.service import create_service_app, require_token
+
+log = logging.getLogger(__name__)
+
+
+class RetrieveRequest(BaseModel):
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+
+
+def format_results(results: list[list[Hit]], return_scores: bool) -> list[list[dict[str, Any]]]:
+    if return_scores:
+        return [[{"document": doc, "score": score} for doc, score in hits] for hits in results]
+    return [[doc for doc, _ in hits] for hits in results]
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message}, status_code=status)
+
+
+def create_app(
+    cfg: RetrieverConfig,
+    *,
+    engine: RetrieverEngine | None = None,
+    admin_token: SecretStr | None = None,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The retriever app. With `engine` given it serves that engine; else it loads one from cfg."""
+    state: dict[str, Any] = {"engine": engine, "error": None, "grpc_port": None}
+
+    async def load() -> None:
+        try:
+            state["engine"] = await RetrieverEngine.load(cfg)
+            log.info("retriever ready", extra={"backend": state["engine"].backend.name})
+        except Exception as e:
+            state["error"] = e
+            log.exception("loading the retriever backend failed")
+            if on_load_error is not None:
+                on_load_error(e)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = None if state["engine"] is not None else asyncio.create_task(load())
+        grpc_server = None
+        if cfg.grpc_port is not None:
+            from retriever.grpc_server import start_grpc_server
+
+            grpc_server, state["grpc_port"] = await start_grpc_server(
+                lambda: state["engine"], cfg.http.host, cfg.grpc_port
+            )
+        app.state.grpc_port = state["grpc_port"]
+        try:
+            yield
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=cfg.http.graceful_shutdown_s)
+            if loader is not None and not loader.done():
+                loader.cancel()
+            if state["engine"] is not None:
+                await state["engine"].aclose()
+
+    async def index_loaded() -> str:
+        if state["error"] is not None:
+            raise RuntimeError(f"backend failed to load: {state['error']}")
+        if state["engine"] is None:
+            raise RuntimeError("index is still loading")
+        backend = state["engine"].backend
+        if hasattr(backend, "healthy") and not backend.healthy():
+            raise RuntimeError("the encoder process died")
+        return backend.name
+
+    app = create_service_app("retriever", ready_checks={"index": index_loaded}, lifespan=lifespan)
+    app.state.retriever = state
+
+    @app.post("/retrieve")
+    async def retrieve(req: RetrieveRequest) -> JSONResponse:
+        eng: RetrieverEngine | None = state["engine"]
+        if eng is None:
+            return _error(503, "index is still loading; poll /ready")
+        try:
+            results = await eng.search(req.queries, req.topk, protocol="http")
+        except BadRequest as e:
+            return _error(422, str(e))
+        except Overloaded as e:
+            return _error(429, str(e))
+        except BackendUnavailable as e:
+            return _error(503, str(e))
+        # JSONResponse directly: the same bytes FastAPI would produce, without jsonable_encoder.
+        return JSONResponse({"result": format_results(results, req.return_scores)})
+
+    @app.post("/flush_cache", dependencies=[Depends(require_token(admin_token))])
+    async def flush_cache() -> dict[str, Any]:
+        eng: RetrieverEngine | None = state["engine"]
+        n = 0
+        if eng is not None:
+            n = len(eng.cache)
+            eng.cache.clear()
+        return {"flushed": n}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        eng: RetrieverEngine | None = state["engine"]
+        if eng is None:
+            return {"loaded": False}
+        b = eng.batcher
+        return {
+            "loaded": True,
+            "backend": eng.backend.name,
+            "cache": {"size": len(eng.cache), "hits": eng.cache.hits, "misses": eng.cache.misses},
+            "batches": b.batches if b else 0,
+            "batched_queries": b.batched_queries if b else 0,
+            "stage_busy_s": b.stage_busy_s if b else [],
+            "grpc_port": state["grpc_port"],
+        }
+
+    return app

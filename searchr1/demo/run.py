@@ -1,0 +1,246 @@
+"""`searchr1 demo`: offline, deterministic given a seed; the README's main command.
+
+1. a synthetic world (`world.py`) -> corpus + train/test questions;
+2. a dense MiniLM index (`retriever.build`);
+3. a tiny model + tokenizer, then a supervised warm start (`warmstart.py`);
+4. held-out evaluation of the warm-started policy (`searchr1 eval`, greedy) through the real
+   retriever and inference services;
+5. GRPO through the real stack (`searchr1 local`: Redis, retriever, engine, orchestrator,
+   trainer; weights pushed to the engine over gloo);
+6. held-out evaluation of the trained policy, a before/after table, a PNG plot, and a last
+   line of key=value pairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from searchr1.demo.warmstart import WarmStartConfig, build_demos, sft
+from searchr1.demo.world import World, generate_world, write_world
+from searchr1.redis_server import free_port
+
+log = logging.getLogger(__name__)
+
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml"
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out_dir: Path = Path("runs/demo")
+    seed: int = 0
+    n_people: int = 400
+    hidden_size: int = 64
+    num_layers: int = 2
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    rl_steps: int = 30
+    eval_limit: int | None = None
+    quick: bool = False
+
+    @classmethod
+    def quick_mode(cls, out_dir: Path, seed: int = 0) -> DemoConfig:
+        """A few steps of everything: exercises the whole path in minutes (the test suite)."""
+        return cls(
+            out_dir=out_dir,
+            seed=seed,
+            n_people=60,
+            warm_start=WarmStartConfig(steps=20, batch_size=8, seed=seed),
+            rl_steps=2,
+            eval_limit=8,
+            quick=True,
+        )
+
+
+def _world_texts(world: World) -> list[str]:
+    return [r["contents"] for r in world.corpus_rows()] + [q.question for q in world.questions]
+
+
+def _write_rows(world: World, out: Path) -> dict[str, Path]:
+    from orchestrator.prompt import make_row
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in ("train", "test"):
+        paths[split] = out / f"{split}.jsonl"
+        with paths[split].open("w") as f:
+            for i, q in enumerate(world.split(split)):
+                row = make_row(q.question, q.answers, data_source=q.data_source, split=split,
+                               index=i)  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+    return paths
+
+
+def build_policy(cfg: DemoConfig, world: World, index_dir: Path) -> Path:
+    """The tiny model, warm-started on demonstrations; returns its HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inference.tiny_model import default_corpus, make_tiny_model
+    from retriever.config import RetrieverConfig
+    from retriever.engine import RetrieverEngine
+
+    base = make_tiny_model(
+        cfg.out_dir / "model-base",
+        seed=cfg.seed,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        vocab_corpus=default_corpus(cfg.seed) + _world_texts(world),
+    )
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+
+    loop = asyncio.new_event_loop()
+    engine = loop.run_until_complete(
+        RetrieverEngine.load(RetrieverConfig(index_dir=str(index_dir)))
+    )
+
+    @dataclass(frozen=True)
+    class _Doc:
+        id: str
+        contents: str
+
+    def search(query: str) -> list[_Doc]:
+        hits = loop.run_until_complete(engine.search([query], 3))[0]
+        return [_Doc(str(row["id"]), row["contents"]) for row, _score in hits]
+
+    try:
+        demos = build_demos(world, tok, search, cfg.warm_start)
+    finally:
+        loop.run_until_complete(engine.aclose())
+        loop.close()
+    losses = sft(model, demos, cfg.warm_start)
+    warm = cfg.out_dir / "model-warm"
+    model.save_pretrained(warm)
+    tok.save_pretrained(warm)
+    log.info("warm start done", extra={"final_loss": round(losses[-1], 4), "demos": len(demos)})
+    return warm
+
+
+def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: dict) -> Path:
+    """The demo's stack config: the shipped template with this run's paths filled in."""
+    data = yaml.safe_load(CONFIG_TEMPLATE.read_text())
+    out = cfg.out_dir.resolve()
+    data["retriever"]["index_dir"] = str(index_dir.resolve())
+    data["inference"]["model_path"] = str(model_dir.resolve())
+    data["orchestrator"]["data"]["train_path"] = str(rows["train"].resolve())
+    data["orchestrator"]["max_steps"] = cfg.rl_steps
+    data["trainer"]["model"]["path"] = str(model_dir.resolve())
+    data["trainer"]["max_steps"] = cfg.rl_steps
+    data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")
+    data["trainer"]["checkpoint"]["export_dir"] = str(out / "model-trained")
+    data["trainer"]["metrics_jsonl"] = str(out / "train_metrics.jsonl")
+    data["local"]["log_dir"] = str(out / "logs")
+    data["local"]["redis_dir"] = str(out / "redis")
+    # Free ports, and every URL derived from them: the demo never collides with a server
+    # already running here (a user's own retriever on 8000, a test run...).
+    ports = {name: free_port() for name in ("retriever", "inference", "orchestrator", "trainer")}
+    for name, port in ports.items():
+        data[name].setdefault("http", {})["port"] = port
+    engine_url = f"http://127.0.0.1:{ports['inference']}"
+    data["orchestrator"]["engine_url"] = engine_url
+    data["orchestrator"]["search"]["retriever_url"] = f"http://127.0.0.1:{ports['retriever']}"
+    data["trainer"]["weight_push"]["engine_urls"] = [engine_url]
+    data["trainer"]["weight_push"]["master_port"] = free_port()
+    path = out / "stack.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | None) -> dict:
+    """Greedy held-out evaluation through the real retriever and engine."""
+    from searchr1.config import load_config
+    from searchr1.local.launcher import build_specs, searchr1_command
+    from searchr1.local.supervisor import Supervisor
+
+    cfg = load_config(stack, inference={"model_path": str(model_dir)})
+    cfg.local.services = ["retriever", "inference"]
+    specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
+    for spec in specs:
+        if spec.name == "inference":
+            spec.command += ["--model", str(model_dir)]
+    sup = Supervisor(specs, Path(cfg.local.log_dir) / f"eval-{out.stem}")
+    sup.start()
+    try:
+        cmd = [*searchr1_command(), "eval", "--config", str(stack), "--data", str(data),
+               "--out", str(out)]  # fmt: skip
+        if limit:
+            cmd += ["--limit", str(limit)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    finally:
+        sup.stop()
+    return json.loads(out.read_text())
+
+
+def plot(metrics_jsonl: Path, before: float, after: float, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    steps = [r.get("step", i + 1) for i, r in enumerate(rows)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("reward/mean", "train reward"), ("reward/em", "train EM")):
+        if any(key in r for r in rows):
+            ax.plot(steps, [r.get(key, float("nan")) for r in rows], label=label)
+    last = steps[-1] if steps else 1
+    ax.scatter([0, last], [before, after], color="red", zorder=3, label="held-out EM")
+    ax.set_xlabel("training step")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.set_title("searchr1 demo: a tiny model learns to search")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def summary_row(result: dict[str, Any]) -> dict[str, float]:
+    overall = result.get("overall", result)
+    return {
+        "em": float(overall.get("em", 0.0)),
+        "sub_em": float(overall.get("sub_em", 0.0)),
+        "searches": float(overall.get("searches_mean", float("nan"))),
+        "length": float(overall.get("response_tokens_mean", float("nan"))),
+    }
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, float]:
+    from retriever.build import BuildConfig, build_index
+    from searchr1.config import load_config
+    from searchr1.local.launcher import run_local
+
+    start = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    world = generate_world(cfg.seed, n_people=cfg.n_people)
+    files = write_world(world, cfg.out_dir / "world")
+    rows = _write_rows(world, cfg.out_dir / "data")
+    # MiniLM was trained without e5's "query: "/"passage: " prefixes.
+    index_dir = cfg.out_dir / "index"
+    build_index(files["corpus"], index_dir, BuildConfig(query_prefix="", passage_prefix=""))
+    warm = build_policy(cfg, world, index_dir)
+    stack = write_stack_config(cfg, index_dir, warm, rows)
+
+    before = evaluate(stack, warm, rows["test"], cfg.out_dir / "eval_before.json", cfg.eval_limit)
+    run_local(load_config(stack), stack, max_steps=cfg.rl_steps)
+    trained = cfg.out_dir / "model-trained"
+    after = evaluate(stack, trained, rows["test"], cfg.out_dir / "eval_after.json", cfg.eval_limit)
+
+    b, a = summary_row(before), summary_row(after)
+    plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
+    return {
+        "em_before": b["em"],
+        "em_after": a["em"],
+        "sub_em_before": b["sub_em"],
+        "sub_em_after": a["sub_em"],
+        "searches_per_question_before": b["searches"],
+        "searches_per_question": a["searches"],
+        "response_length_before": b["length"],
+        "response_length_after": a["length"],
+        "wall_s": time.monotonic() - start,
+    }

@@ -1,0 +1,149 @@
+"""Live weight updates over gloo: a separate trainer process broadcasts into a served engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inference.client import InferenceBadRequest, InferenceClient
+from inference.process import InferenceServerProcess
+from inference.tiny_model import make_tiny_model
+from inference.weight_sync import WeightSender
+from searchr1.redis_server import free_port
+
+PROMPT = [1, 60, 61, 62]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[InferenceServerProcess]:
+    with InferenceServerProcess(tiny_model_dir) as s:
+        yield s
+
+
+@pytest.fixture
+async def client(server: InferenceServerProcess) -> AsyncIterator[InferenceClient]:
+    c = InferenceClient(server.url, timeout_s=60)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture(scope="module")
+def seed1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("seed1"), seed=1)
+
+
+def push(checkpoint: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The trainer: a separate process that joins the group as rank 0 and broadcasts."""
+    return subprocess.run(
+        [sys.executable, "-m", "searchr1.cli", "inference", "push-weights", str(checkpoint),
+         "--engine-url", url, "--master-port", str(free_port()), "--bucket-mb", "1", *extra],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
+def teacher_forced(model_dir: Path, out_ids: list[int]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([PROMPT + out_ids])).logits[0].float(), -1)
+    return [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(out_ids)]
+
+
+async def test_push_over_gloo_changes_outputs_and_bumps_version(
+    client: InferenceClient, server: InferenceServerProcess, seed1_dir: Path, tiny_model_dir: Path
+) -> None:
+    before = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    v0 = (await client.get_model_info())["weight_version"]
+
+    done = push(seed1_dir, server.url)
+    assert done.returncode == 0, done.stderr
+    stats = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    assert stats["weight_version"] == v0 + 1 and stats["bytes"] > 1_000_000
+
+    after = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert after.weight_version == v0 + 1
+    assert after.output_ids != before.output_ids
+    # The engine now computes exactly the seed-1 model.
+    ref = teacher_forced(seed1_dir, after.output_ids)
+    assert max(abs(a - b) for a, b in zip(ref, after.logprobs, strict=True)) < 1e-4
+
+    # Pushing the original back (a second group, same name) restores the original outputs.
+    done = push(tiny_model_dir, server.url)
+    assert done.returncode == 0, done.stderr
+    restored = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert restored.output_ids == before.output_ids and restored.weight_version == v0 + 2
+
+
+@pytest.mark.parametrize("defect", ["shape", "name"])
+async def test_mismatched_update_is_4xx_and_engine_keeps_serving(
+    client: InferenceClient, server: InferenceServerProcess, tiny_model_dir: Path,
+    tmp_path: Path, defect: str,
+) -> None:  # fmt: skip
+    tensors = load_file(str(tiny_model_dir / "model.safetensors"))
+    if defect == "shape":
+        tensors["lm_head.weight"] = tensors["lm_head.weight"][:7].contiguous()
+    else:
+        tensors["lm_head.weights"] = tensors.pop("lm_head.weight")
+    # Both defects sit in the first bucket: a push stops at the first rejected bucket, and
+    # buckets before it would already be applied (SGLang behaves the same way).
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    tensors = load_file(str(tmp_path / "model.safetensors"))  # the order a checkpoint has
+    before = await client.generate(PROMPT, max_new_tokens=8, temperature=0)
+    v0 = (await client.get_model_info())["weight_version"]
+
+    # In-process sender this time (the separate-process path is covered above).
+    sender = WeightSender([server.url], master_port=free_port(), bucket_bytes=1 << 20)
+    await sender.connect()
+    try:
+        with pytest.raises(InferenceBadRequest) as info:
+            await sender.push(tensors.items())
+    finally:
+        await sender.close()
+    assert ("shape mismatch" if defect == "shape" else "unknown parameter") in str(info.value)
+
+    after = await client.generate(PROMPT, max_new_tokens=8, temperature=0)
+    assert after.output_ids == before.output_ids
+    assert (await client.get_model_info())["weight_version"] == v0
+    # The same bad checkpoint from disk: 400 as well.
+    with pytest.raises(InferenceBadRequest):
+        await client.update_weights_from_disk(str(tmp_path))
+
+
+async def test_update_from_disk_bumps_version(
+    client: InferenceClient, seed1_dir: Path, tiny_model_dir: Path
+) -> None:
+    v0 = (await client.get_model_info())["weight_version"]
+    before = await client.generate(PROMPT, max_new_tokens=8, temperature=0)
+    assert await client.update_weights_from_disk(str(seed1_dir)) == v0 + 1
+    changed = await client.generate(PROMPT, max_new_tokens=8, temperature=0)
+    assert changed.output_ids != before.output_ids and changed.weight_version == v0 + 1
+    assert await client.update_weights_from_disk(str(tiny_model_dir)) == v0 + 2
+    assert (await client.generate(PROMPT, max_new_tokens=8, temperature=0)).output_ids == (
+        before.output_ids
+    )
+
+
+async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
+    client: InferenceClient, server: InferenceServerProcess, tiny_model_dir: Path
+) -> None:
+    tensors = load_file(str(tiny_model_dir / "model.safetensors"))
+    sender = WeightSender([server.url], master_port=free_port())
+    await sender.connect()
+    sender.refusal_grace_s = 0.5
+    sender.group_name = "no-such-group"  # the engine refuses before joining the broadcast
+    try:
+        with pytest.raises(InferenceBadRequest, match="reconnect"):
+            await asyncio.wait_for(sender.push(tensors.items()), timeout=30)
+    finally:
+        await sender.close()
+    assert (await client.generate(PROMPT, max_new_tokens=2)).completion_tokens == 2

@@ -1,0 +1,165 @@
+"""The trainer against a real inference engine process (the torch reference engine).
+
+- the trainer's logprobs equal the engine's for the same tokens within 1e-4;
+- after a training step, a distributed (gloo) push and a disk push each bump the engine's
+  weight version, and the engine then computes exactly the trainer's new policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.client import InferenceClient
+from inference.process import InferenceServerProcess
+from protos.trajectory import SCHEMA_VERSION, Trajectory
+from searchr1.redis_server import free_port
+from trainer.backend import LogprobKind
+from trainer.config import (
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainerConfig,
+    WeightPushConfig,
+)
+from trainer.dist import DistInfo
+from trainer.hf_backend import HFBackend, load_hf_model
+from trainer.step import build_samples, train_on
+from trainer.weights import WeightPusher
+
+PROMPTS = [[1, 60, 61, 62], [1, 70, 71], [1, 80, 81, 82, 83]]
+CPU = DistInfo(0, 1, 0, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[InferenceServerProcess]:
+    with InferenceServerProcess(tiny_model_dir) as s:
+        yield s
+
+
+@pytest.fixture
+async def client(server: InferenceServerProcess) -> AsyncIterator[InferenceClient]:
+    c = InferenceClient(server.url, timeout_s=60)
+    yield c
+    await c.aclose()
+
+
+async def rollouts(client: InferenceClient, seed: int) -> list[Trajectory]:
+    out = []
+    for g, prompt in enumerate(PROMPTS):
+        for k in range(2):
+            r = await client.generate(prompt, max_new_tokens=10, seed=seed + 10 * g + k)
+            assert r.logprobs is not None
+            t = Trajectory(
+                schema_version=SCHEMA_VERSION,
+                trajectory_id=f"{seed}-{g}-{k}",
+                group_id=f"{seed}-{g}",
+                group_size=2,
+                prompt_token_ids=prompt,
+                response_token_ids=r.output_ids,
+                loss_mask=bytes([1] * len(r.output_ids)),
+                rollout_logprobs=r.logprobs,
+                has_rollout_logprobs=True,
+                weight_version=r.weight_version,
+            )
+            t.reward.total = float(k)
+            out.append(t)
+    return out
+
+
+def max_diff(cfg: TrainerConfig, backend: HFBackend, trajs: list[Trajectory]) -> float:
+    samples, _ = build_samples(trajs, cfg)
+    backend.compute_logprobs(samples, LogprobKind.OLD)
+    return max(
+        float((s.old_logprobs - s.rollout_logprobs).abs().max())  # type: ignore[operator]
+        for s in samples
+    )
+
+
+async def test_logprobs_match_engine_and_pushes_update_it(
+    client: InferenceClient, server: InferenceServerProcess, tiny_model_dir: Path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    cfg = TrainerConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        optim=OptimConfig(lr=1e-2),
+        loss=LossConfig(kl_coef=0.0),
+    )
+    backend = HFBackend(load_hf_model(cfg), cfg, CPU)
+    trajs = await rollouts(client, seed=0)
+    assert max_diff(cfg, backend, trajs) < 1e-4
+
+    metrics = train_on(trajs, backend, cfg)
+    assert metrics["logprob_diff/trainer_vs_rollout_abs_max"] < 1e-4
+    assert max_diff(cfg, backend, trajs) > 1e-3  # the policy moved; the engine has old weights
+
+    v0 = (await client.get_model_info())["weight_version"]
+    dist_push = WeightPusher(
+        WeightPushConfig(mode="distributed", engine_urls=[server.url], master_port=free_port())
+    )
+    try:
+        res = await dist_push.push(backend, step=1)
+    finally:
+        await dist_push.close()
+    assert res is not None and res.weight_version == v0 + 1 and res.bytes > 0
+    fresh = await rollouts(client, seed=100)
+    assert all(t.weight_version == v0 + 1 for t in fresh)
+    assert max_diff(cfg, backend, fresh) < 1e-4
+
+    train_on(fresh, backend, cfg)
+    disk_push = WeightPusher(
+        WeightPushConfig(mode="disk", engine_urls=[server.url], disk_dir=str(tmp_path / "w"))
+    )
+    res = await disk_push.push(backend, step=2)
+    assert res is not None and res.weight_version == v0 + 2
+    assert (tmp_path / "w" / "step_00000002" / "model.safetensors").exists()
+    assert (tmp_path / "w" / "step_00000002" / "tokenizer.json").exists()
+    again = await rollouts(client, seed=200)
+    assert max_diff(cfg, backend, again) < 1e-4
+
+
+async def test_resume_pushes_the_checkpointed_weights(
+    client: InferenceClient,
+    server: InferenceServerProcess,
+    tiny_model_dir: Path,
+    tmp_path,
+    redis_server,
+) -> None:  # type: ignore[no-untyped-def]
+    """The engine may hold weights of steps a crash rolled back: a resumed trainer pushes its
+    checkpointed weights before training."""
+    from searchr1.bus import TrajectoryBus
+    from searchr1.sections import BusConfig
+    from trainer.config import BatchConfig, CheckpointConfig
+    from trainer.loop import TrainingLoop
+
+    cfg = TrainerConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        optim=OptimConfig(lr=1e-2),
+        loss=LossConfig(kl_coef=0.0),
+        batch=BatchConfig(groups_per_step=3, consume_block_s=0.1),
+        checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt")),
+        weight_push=WeightPushConfig(
+            mode="disk", engine_urls=[server.url], disk_dir=str(tmp_path / "w")
+        ),
+        max_steps=1,
+    )
+    trajs = await rollouts(client, seed=300)
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
+    await bus.publish(trajs)
+    trained = HFBackend(load_hf_model(cfg), cfg, CPU)
+    await TrainingLoop(cfg, trained, CPU, bus=bus).run()  # step 1, pushed and checkpointed
+    v1 = (await client.get_model_info())["weight_version"]
+
+    # Someone (a lost step) changed the engine's weights: push the initial model instead.
+    other = HFBackend(load_hf_model(cfg), cfg, CPU)
+    await WeightPusher(cfg.weight_push).push(other, step=99)
+    assert max_diff(cfg, trained, await rollouts(client, seed=400)) > 1e-3
+
+    resumed = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    assert await resumed.resume()
+    await resumed.run()  # max_steps reached: no training, only the realigning push
+    assert resumed.status.weight_version == v1 + 2
+    assert max_diff(cfg, trained, await rollouts(client, seed=500)) < 1e-4
+    await bus.close()

@@ -1,0 +1,197 @@
+"""Dockerfiles, checked without a Docker engine: non-root, health checks, sources that exist and
+are not excluded by .dockerignore, entrypoints and ports that match the code."""
+
+from __future__ import annotations
+
+import fnmatch
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from tests.unit.deploy import stack
+
+DOCKERFILES = sorted(stack.DOCKER.glob("*.Dockerfile"))
+IDS = [p.stem for p in DOCKERFILES]
+
+
+def _dockerignored(rel: str) -> bool:
+    """Docker's rule: the last matching pattern wins; `!` re-includes; dirs cover contents."""
+    patterns = [
+        line.strip()
+        for line in (stack.ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    parts = rel.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for pat in patterns:
+        negate = pat.startswith("!")
+        pat = pat.lstrip("!").rstrip("/")
+        hit = pat == "**" or any(
+            fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.replace("**/", "*/"))
+            for p in prefixes
+        )
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_matcher_can_fail() -> None:
+    assert _dockerignored("tests/conftest.py")
+    assert _dockerignored("retriever/__pycache__/x.pyc")
+    assert not _dockerignored("retriever/cli.py")
+
+
+def test_one_dockerfile_per_service() -> None:
+    assert {p.stem for p in DOCKERFILES} == set(stack.SERVICES)
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
+def test_copy_sources_exist_and_reach_the_build(path: Path) -> None:
+    for ins, rest in stack.parse_dockerfile(path, final_stage_only=False).instructions:
+        if ins not in ("COPY", "ADD"):
+            continue
+        args = rest.split()
+        if any(a.startswith("--from=") for a in args):
+            continue
+        sources = [a for a in args if not a.startswith("--")][:-1]
+        assert sources, rest
+        for src in sources:
+            assert (stack.ROOT / src).exists(), f"{path.name}: COPY {src} does not exist"
+            assert not _dockerignored(src), f"{path.name}: {src} is excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
+def test_final_stage_runs_non_root_with_a_healthcheck(path: Path) -> None:
+    text = path.read_text()
+    assert text.startswith("# syntax=docker/dockerfile:1")  # BuildKit: cache mounts
+    df = stack.parse_dockerfile(path)
+    users = df.all("USER")
+    assert users, f"{path.name}: no USER in the final stage"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric non-root uid (Kubernetes runAsNonRoot)"
+    assert f"--uid {uid}" in text, "the uid is created"
+    hc = df.all("HEALTHCHECK")
+    assert len(hc) == 1 and "CMD" in hc[0]
+    service, probe = stack.healthcheck_probe(yaml.safe_load(hc[0].split("CMD", 1)[1]))
+    assert service == path.stem and probe in stack.served_paths()
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
+def test_entrypoint_ports_and_host_match_the_code(path: Path) -> None:
+    df = stack.parse_dockerfile(path)
+    entry, cmd = df.exec_form("ENTRYPOINT"), df.exec_form("CMD")
+    assert entry == ["searchr1", path.stem]
+    stack.check_cli(entry[1:] + cmd)
+    env = dict(kv.split("=", 1) for rest in df.all("ENV") for kv in rest.split() if "=" in kv)
+    searchr1_env = {k: v for k, v in env.items() if k.startswith(stack.env_prefix())}
+    for name in searchr1_env:
+        assert stack.config_field_path(name), f"{path.name}: {name} is no config field"
+    cfg = stack.load_with_env(searchr1_env)
+    section = getattr(cfg, path.stem)
+    assert section.http.host == "0.0.0.0"
+    exposed = {int(p) for rest in df.all("EXPOSE") for p in rest.split()}
+    assert section.http.port in exposed
+    if path.stem == "retriever":
+        assert section.grpc_port in exposed
+    if path.stem == "trainer":
+        assert section.weight_push.master_port in exposed
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
+def test_base_images_are_pinned(path: Path) -> None:
+    for ins, rest in stack.parse_dockerfile(path, final_stage_only=False).instructions:
+        if ins == "ARG" and rest.startswith("BASE_IMAGE="):
+            image = rest.split("=", 1)[1]
+            assert ":" in image and not image.endswith(":latest"), image
+
+
+def test_dependency_list_is_pyprojects() -> None:
+    import tomllib
+
+    mod = _load("requirements")
+    want = tomllib.loads((stack.ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert mod.dependencies(stack.ROOT / "pyproject.toml") == want
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"docker_{name}", stack.DOCKER / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/ready" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthcheck_script_probes_the_configured_port(http_server: int) -> None:
+    from searchr1.redis_server import free_port
+
+    hc = stack.healthcheck_module()
+    env = {"SEARCHR1_RETRIEVER__HTTP__PORT": str(http_server),
+           "SEARCHR1_TRAINER__HTTP__PORT": str(free_port())}  # fmt: skip
+    with mock.patch.dict(os.environ, env):
+        assert hc.check("retriever", "/ready")
+        assert not hc.check("retriever", "/health")  # 503
+        assert not hc.check("trainer", "/ready", timeout_s=1)  # nothing listens there
+
+
+def test_the_copied_context_builds_the_package(tmp_path: Path) -> None:
+    """Replay the build stage's COPY lines into a directory and build the wheel from it, as
+    `pip install --no-deps /src` does in the image: nothing the build needs is left out."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    df = stack.parse_dockerfile(stack.DOCKER / "retriever.Dockerfile", final_stage_only=False)
+    froms = [n for n, (ins, _) in enumerate(df.instructions) if ins == "FROM"]
+    build_stage = df.instructions[froms[0] : froms[1]]
+    src = tmp_path / "src"
+    for ins, rest in build_stage:
+        if ins != "COPY":
+            continue
+        *sources, dest = rest.split()
+        assert dest.startswith("/src"), rest
+        target = src / dest.removeprefix("/src").strip("/")
+        for s in sources:
+            path = stack.ROOT / s
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, target / path.name)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    r = subprocess.run([*cmd, str(src), "-w", str(tmp_path / "w")], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "w").glob("searchr1-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for pkg in stack.SERVICES:
+        assert f"{pkg}/cli.py" in names
+    assert {"protos/trajectory.proto", "searchr1/cli.py"} <= names

@@ -1,0 +1,91 @@
+"""Client retry policy and response parsing (a flaky fake server via httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from inference.client import (
+    InferenceBadRequest,
+    InferenceClient,
+    InferenceUnavailable,
+    parse_generate,
+    parse_weight_version,
+)
+from searchr1.redis_server import free_port
+
+OK_BODY = {
+    "text": "<search> x </search>",
+    "output_ids": [5, 6, 7],
+    "meta_info": {
+        "finish_reason": {"type": "stop", "matched": "</search>"},
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "weight_version": "2",
+        "output_token_logprobs": [[-0.5, 5, None], [-1.0, 6, None], [-0.25, 7, None]],
+    },
+}
+
+
+def flaky(statuses: list[int], seen: list[httpx.Request]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        status = statuses.pop(0) if statuses else 200
+        if status == 200:
+            return httpx.Response(200, json=OK_BODY)
+        return httpx.Response(status, json={"detail": f"status {status}"})
+
+    return httpx.MockTransport(handler)
+
+
+async def test_retries_5xx_then_succeeds() -> None:
+    seen: list[httpx.Request] = []
+    c = InferenceClient("http://x", backoff_s=0.001, transport=flaky([503, 500], seen))
+    out = await c.generate([1, 2, 3, 4], max_new_tokens=8, stop=["</search>"], seed=3)
+    assert len(seen) == 3
+    assert out.output_ids == [5, 6, 7] and out.logprobs == [-0.5, -1.0, -0.25]
+    assert out.finish_reason == "stop" and out.matched_stop == "</search>"
+    assert out.weight_version == 2 and out.prompt_tokens == 4
+    body = httpx.Request("POST", "http://x", content=seen[0].content).read()
+    assert b'"sampling_seed":3' in body and b'"no_stop_trim":true' in body
+    await c.aclose()
+
+
+async def test_gives_up_after_max_retries() -> None:
+    seen: list[httpx.Request] = []
+    c = InferenceClient(
+        "http://x", max_retries=2, backoff_s=0.001, transport=flaky([502] * 9, seen)
+    )
+    with pytest.raises(InferenceUnavailable, match="502"):
+        await c.generate([1], max_new_tokens=1)
+    assert len(seen) == 3
+    await c.aclose()
+
+
+async def test_4xx_is_never_retried() -> None:
+    seen: list[httpx.Request] = []
+    c = InferenceClient("http://x", backoff_s=0.001, transport=flaky([400], seen))
+    with pytest.raises(InferenceBadRequest, match="status 400") as info:
+        await c.generate([1], max_new_tokens=1)
+    assert info.value.status == 400 and len(seen) == 1
+    await c.aclose()
+
+
+async def test_connection_refused_is_unavailable() -> None:
+    c = InferenceClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.001)
+    with pytest.raises(InferenceUnavailable):
+        await c.generate([1], max_new_tokens=1)
+    assert not await c.health_generate()
+    await c.aclose()
+
+
+def test_weight_version_parsing() -> None:
+    assert parse_weight_version("3") == 3
+    assert parse_weight_version("default") == 0  # SGLang before any versioned update
+    assert parse_weight_version(None) == 0
+
+
+def test_parse_without_logprobs_and_abort() -> None:
+    body = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
+    out = parse_generate(body, return_logprob=False)
+    assert out.finish_reason == "abort" and out.logprobs is None and out.completion_tokens == 0

@@ -1,0 +1,185 @@
+"""The step loop against a real Redis bus: sync gating, staleness, restart without duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from orchestrator import metrics
+from orchestrator.config import OrchestratorConfig
+from orchestrator.data import PromptSampler, row_to_prompt
+from orchestrator.loop import Orchestrator
+from orchestrator.prompt import make_row
+from orchestrator.rollout import Rollout
+from orchestrator.scoring import Scorer
+from orchestrator.search import SearchTool
+from searchr1.bus import TrajectoryBus
+from searchr1.sections import BusConfig
+from tests.unit.orchestrator.conftest import ScriptedEngine
+from tests.unit.orchestrator.test_rollout import TURN1, TURN2, FakeRetriever
+
+PROMPTS = [
+    row_to_prompt(make_row(f"q{i}", ["Paris"], data_source="nq", split="train", index=i), i)
+    for i in range(4)
+]
+
+
+def build(tokenizer, bus, engine, validation=None, **over):  # type: ignore[no-untyped-def]
+    cfg = OrchestratorConfig.model_validate(
+        {"rollout": {"group_size": 2, "prompts_per_step": 2}, "weight_poll_s": 0.02, **over}
+    )
+    rollout = Rollout(cfg.rollout, engine, SearchTool(FakeRetriever(), cfg.search), tokenizer)
+    sampler = PromptSampler(PROMPTS, 2, seed=0, epochs=1)
+    return Orchestrator(
+        cfg,
+        validation=validation,
+        rollout=rollout,
+        scorer=Scorer(cfg.reward),
+        engine=engine,
+        bus=bus,
+        sampler=sampler,
+    )
+
+
+@pytest.fixture
+async def bus(redis_server):  # type: ignore[no-untyped-def]
+    b = TrajectoryBus.from_url(redis_server.url, BusConfig())
+    yield b
+    await b.close()
+
+
+async def drain(bus: TrajectoryBus) -> list:  # type: ignore[type-arg]
+    out = []
+    while batch := await bus.consume(100, block=0.05):
+        out += batch
+    return out
+
+
+async def test_sync_mode_waits_for_the_next_weights(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=5)
+    orch = build(tokenizer, bus, engine)
+    task = asyncio.create_task(orch.run())
+    await asyncio.sleep(0.5)
+    assert orch.step == 1 and not task.done()  # step 1 needs version 6
+    first = await drain(bus)
+    assert len(first) == 4 and {d.trajectory.weight_version for d in first} == {5}
+    engine.weight_version = 6  # "the trainer pushed new weights"
+    await asyncio.wait_for(task, 5)
+    second = await drain(bus)
+    assert len(second) == 4 and {d.trajectory.weight_version for d in second} == {6}
+    assert {d.trajectory.rollout_step for d in second} == {1}
+    t = second[0].trajectory
+    assert t.reward.total == 1.0 and t.reward.components["em"] == 1.0
+    groups = {d.trajectory.group_id for d in first + second}
+    assert len(groups) == 4
+
+
+async def test_restart_does_not_publish_twice(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
+    orch = build(tokenizer, bus, engine, mode="async", max_steps=1)
+    await orch.run()
+    # A crash after publishing one group of step 1 but before finishing the step:
+    orch2 = build(tokenizer, bus, engine, mode="async")
+    await orch2.restore()
+    await orch2._run_group(1, orch2.sampler.batch(1)[0])
+    before = metrics.GROUPS_SKIPPED.labels("already_published")._value.get()
+    orch3 = build(tokenizer, bus, engine, mode="async")
+    await orch3.run()
+    assert orch3.step == 2
+    assert metrics.GROUPS_SKIPPED.labels("already_published")._value.get() == before + 1
+    got = await drain(bus)
+    ids = [d.trajectory.trajectory_id for d in got]
+    assert len(ids) == len(set(ids)) == 8
+
+
+class BumpingEngine(ScriptedEngine):
+    """Weights move on after every generate call, `bumps` times: a fast trainer."""
+
+    bumps: int = 0
+
+    async def generate(self, input_ids, **kw):  # type: ignore[no-untyped-def]
+        r = await super().generate(input_ids, **kw)
+        if self.bumps > 0:
+            self.bumps -= 1
+            self.weight_version += 1
+        return r
+
+
+@pytest.mark.parametrize("policy", ["drop", "regenerate"])
+async def test_async_staleness_bound(tokenizer, bus, policy: str) -> None:  # type: ignore[no-untyped-def]
+    engine = BumpingEngine(tokenizer, [TURN1, TURN2])
+    engine.bumps = 4  # step 0: 2 groups x 2 samples x 2 turns = 8 calls; the first 4 bump
+    orch = build(
+        tokenizer, bus, engine, mode="async", max_staleness=1, stale_policy=policy, max_steps=1
+    )
+    stale_before = metrics.GROUPS_SKIPPED.labels("stale")._value.get()
+    regen_before = metrics.STALE_REGENERATED._value.get()
+    await orch.run()
+    got = await drain(bus)
+    for d in got:  # whatever was published honours the bound
+        assert engine.weight_version - d.trajectory.weight_version <= 1
+    if policy == "drop":
+        assert metrics.GROUPS_SKIPPED.labels("stale")._value.get() > stale_before
+        assert len(got) < 4
+    else:
+        assert metrics.STALE_REGENERATED._value.get() > regen_before
+        assert len(got) == 4
+
+
+async def test_validation_on_the_fixed_subset(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=0)
+    cfg = OrchestratorConfig.model_validate({"rollout": {"group_size": 1}})
+    greedy = Rollout(
+        cfg.rollout, engine, SearchTool(FakeRetriever(), cfg.search), tokenizer, greedy=True
+    )
+    orch = build(
+        tokenizer,
+        bus,
+        engine,
+        validation=(greedy, PROMPTS[:3]),
+        mode="async",
+        max_staleness=5,
+        eval_every_steps=1,
+        data={"val_path": "unused.jsonl"},
+    )
+    await orch.run()
+    assert orch.last_eval["step"] == 2  # validated before steps 0 and 1, and after the last
+    assert orch.last_eval["per_source"]["nq"]["n"] == 3
+    assert orch.last_eval["per_source"]["nq"]["em"] == 1.0
+    assert metrics.EVAL_SCORE.labels("nq", "em")._value.get() == 1.0
+    greedy_calls = [c for c in engine.calls if c["temperature"] == 0.0]
+    assert len(greedy_calls) == 3 * 3 * 2  # 3 evaluations x 3 prompts x 2 turns
+
+
+def test_eval_every_steps_needs_val_path() -> None:
+    with pytest.raises(ValueError, match=r"data\.val_path"):
+        OrchestratorConfig.model_validate({"eval_every_steps": 2})
+
+
+class RejectingEngine(ScriptedEngine):
+    """Rejects (4xx) every request of one prompt: its group fails and is dropped."""
+
+    bad_prefix: tuple[int, ...] = ()
+
+    async def generate(self, input_ids, **kw):  # type: ignore[no-untyped-def]
+        from inference.client import InferenceBadRequest
+
+        if tuple(input_ids[: len(self.bad_prefix)]) == self.bad_prefix:
+            raise InferenceBadRequest("/generate: HTTP 400: prompt too long")
+        return await super().generate(input_ids, **kw)
+
+
+async def test_sync_mode_dropped_group_does_not_deadlock(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.prompt import prompt_token_ids
+
+    engine = RejectingEngine(tokenizer, [TURN1, TURN2])
+    orch = build(tokenizer, bus, engine)  # sync, 2 prompts per step, the version never moves
+    bad = orch.sampler.batch(0)[0]  # a prompt of step 0 whose group fails
+    engine.bad_prefix = tuple(prompt_token_ids(tokenizer, bad.messages))
+    before = metrics.GROUPS_SKIPPED.labels("error")._value.get()
+    # Step 0 publishes 1 group, less than one trainer batch, so no update is owed yet: step 1
+    # runs at the same version instead of waiting forever for one the trainer cannot make.
+    await asyncio.wait_for(orch.run(), 10)
+    assert metrics.GROUPS_SKIPPED.labels("error")._value.get() == before + 1
+    assert await orch.published_count() == 3

@@ -1,0 +1,93 @@
+"""Search retries, timeouts, the concurrency cap, and the explicit failure observation."""
+
+from __future__ import annotations
+
+import asyncio
+
+from orchestrator import metrics
+from orchestrator.config import RolloutConfig, SearchConfig
+from orchestrator.prompt import prompt_token_ids
+from orchestrator.rollout import Rollout
+from orchestrator.sample import new_group
+from orchestrator.search import SearchTool
+from retriever.client import RetrieverBadRequest, RetrieverUnavailable, SearchHit
+from tests.unit.orchestrator.conftest import ScriptedEngine
+from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2
+
+FAST = {"backoff_initial_s": 0.001, "backoff_max_s": 0.01}
+HIT = SearchHit("1", '"T"\nbody', 1.0)
+
+
+class Flaky:
+    """Fails `failures` times with `exc`, then answers; or sleeps `delay` per call."""
+
+    def __init__(self, failures: int, exc: Exception | None = None, delay: float = 0.0) -> None:
+        self.failures, self.exc, self.delay = failures, exc, delay
+        self.calls = 0
+        self.in_flight = self.max_in_flight = 0
+
+    async def search(self, queries: list[str], topk: int | None = None) -> list[list[SearchHit]]:
+        self.calls += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.calls <= self.failures:
+                raise self.exc or RetrieverUnavailable("HTTP 503: warming up")
+            return [[HIT] for _ in queries]
+        finally:
+            self.in_flight -= 1
+
+
+async def test_retries_then_recovers() -> None:
+    client = Flaky(2)
+    out = await SearchTool(client, SearchConfig(max_attempts=3, **FAST)).search("q")
+    assert out.error == "" and out.attempts == 3 and [d.id for d in out.docs] == ["1"]
+
+
+async def test_exhausted_retries_are_explicit_and_counted() -> None:
+    before = metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get()
+    client = Flaky(10)
+    out = await SearchTool(client, SearchConfig(max_attempts=3, **FAST)).search("q")
+    assert client.calls == 3 and out.attempts == 3
+    assert "RetrieverUnavailable" in out.error and not out.docs
+    assert metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get() == before + 1
+
+
+async def test_bad_request_is_not_retried() -> None:
+    client = Flaky(10, exc=RetrieverBadRequest("HTTP 400: topk"))
+    out = await SearchTool(client, SearchConfig(max_attempts=5, **FAST)).search("q")
+    assert client.calls == 1 and "HTTP 400" in out.error
+
+
+async def test_timeout_per_attempt() -> None:
+    client = Flaky(0, delay=0.5)
+    out = await SearchTool(client, SearchConfig(timeout_s=0.05, max_attempts=2, **FAST)).search("q")
+    assert out.attempts == 2 and out.error == "timed out after 0.05s"
+    assert out.latency_s < 0.4
+
+
+async def test_global_concurrency_cap() -> None:
+    client = Flaky(0, delay=0.02)
+    tool = SearchTool(client, SearchConfig(max_concurrency=3))
+    await asyncio.gather(*(tool.search(f"q{i}") for i in range(12)))
+    assert client.max_in_flight == 3
+
+
+async def test_failure_observation_reaches_policy_and_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tool = SearchTool(Flaky(100), SearchConfig(max_attempts=2, **FAST))
+    rollout = Rollout(RolloutConfig(), ScriptedEngine(tokenizer, [TURN1, TURN2]), tool, tokenizer)
+    [s] = new_group(
+        PROMPT,
+        prompt_token_ids(tokenizer, PROMPT.messages),
+        group_size=1,
+        rollout_step=0,
+        run_id="r",
+    )
+    await rollout.run_sample(s)
+    assert s.turns[0].error.startswith("RetrieverUnavailable")
+    assert s.turns[0].tool_attempts == 2
+    assert "<information>Search failed: RetrieverUnavailable: HTTP 503: warming up." in (
+        s.response_text
+    )
+    assert s.status.value == "answered"

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from retriever.batcher import MicroBatcher, Overloaded
+from retriever.config import BatchingConfig
+
+
+class SlowEcho:
+    """A stand-in search function: each query's hits encode the query, topk and batch number."""
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        self.delay_s = delay_s
+        self.batch_sizes: list[int] = []
+        self.threads: set[str] = set()
+
+    def __call__(self, queries: list[str], topk: int):
+        self.threads.add(threading.current_thread().name)
+        self.batch_sizes.append(len(queries))
+        time.sleep(self.delay_s)
+        return [
+            [({"id": f"{q}#{r}", "contents": q}, float(topk - r)) for r in range(topk)]
+            for q in queries
+        ]
+
+
+async def test_concurrent_requests_each_get_their_own_answers_in_fewer_batches():
+    fn = SlowEcho()
+    b = MicroBatcher(fn, BatchingConfig(max_batch=16, max_wait_ms=0))
+    try:
+
+        async def one(i: int):
+            topk = 1 + i % 4
+            res = await b.submit([f"q{i}a", f"q{i}b"], topk)
+            return i, topk, res
+
+        outs = await asyncio.gather(*(one(i) for i in range(64)))
+    finally:
+        b.close()
+    for i, topk, res in outs:
+        assert [[d["id"] for d, _ in hits] for hits in res] == [
+            [f"q{i}a#{r}" for r in range(topk)],
+            [f"q{i}b#{r}" for r in range(topk)],
+        ]
+    assert sum(fn.batch_sizes) == 128
+    assert max(fn.batch_sizes) <= 16
+    assert len(fn.batch_sizes) < 64  # requests were batched together
+    assert fn.threads == {"retriever-batcher"}  # never on the event loop thread
+
+
+async def test_event_loop_stays_responsive_while_a_batch_computes():
+    b = MicroBatcher(SlowEcho(delay_s=0.3), BatchingConfig(max_wait_ms=0))
+    try:
+        task = asyncio.create_task(b.submit(["x"], 1))
+        t = time.perf_counter()
+        await asyncio.sleep(0.01)
+        assert time.perf_counter() - t < 0.2
+        await task
+    finally:
+        b.close()
+
+
+async def test_overload_is_refused_not_queued():
+    b = MicroBatcher(SlowEcho(delay_s=0.2), BatchingConfig(max_pending=3, max_wait_ms=0))
+    try:
+        first = asyncio.create_task(b.submit(["a"], 1))
+        await asyncio.sleep(0.05)  # the worker took "a"; the queue is empty again
+        queued = asyncio.create_task(b.submit(["b", "c", "d"], 1))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="max_pending=3"):
+            await b.submit(["e"], 1)
+        await first
+        await queued
+    finally:
+        b.close()
+
+
+async def test_backend_error_reaches_every_request_of_the_batch():
+    def boom(queries, topk):
+        raise RuntimeError("index exploded")
+
+    b = MicroBatcher(boom, BatchingConfig())
+    try:
+        results = await asyncio.gather(
+            b.submit(["a"], 1), b.submit(["b"], 1), return_exceptions=True
+        )
+    finally:
+        b.close()
+    assert all(isinstance(r, RuntimeError) for r in results)
+
+
+async def test_pipeline_stages_overlap_and_keep_answers_apart():
+    seen: list[tuple[str, float]] = []
+
+    def encode(args):
+        queries, topk = args
+        seen.append(("encode", time.perf_counter()))
+        time.sleep(0.05)
+        return [q.upper() for q in queries], topk
+
+    def search(args):
+        upper, topk = args
+        seen.append(("search", time.perf_counter()))
+        time.sleep(0.05)
+        return [[({"id": u, "contents": u}, 1.0)] * topk for u in upper]
+
+    b = MicroBatcher([encode, search], BatchingConfig(max_batch=1, max_wait_ms=0))
+    try:
+        t = time.perf_counter()
+        outs = await asyncio.gather(*(b.submit([f"q{i}"], 1 + i % 2) for i in range(6)))
+        elapsed = time.perf_counter() - t
+    finally:
+        b.close()
+    assert [[[d["id"] for d, _ in hits] for hits in res] for res in outs] == [
+        [[f"Q{i}"] * (1 + i % 2)] for i in range(6)
+    ]
+    # 6 batches x 2 stages x 50 ms: 600 ms one after the other, ~350 ms overlapped.
+    assert elapsed < 0.5
+    assert b.stage_busy_s[0] > 0.25 and b.stage_busy_s[1] > 0.25
+
+
+async def test_error_in_a_later_stage_reaches_the_requests():
+    def search(args):
+        raise ValueError("search stage failed")
+
+    b = MicroBatcher([lambda args: args, search], BatchingConfig())
+    try:
+        with pytest.raises(ValueError, match="search stage failed"):
+            await b.submit(["a"], 1)
+        # The pipeline survives a failed batch.
+        with pytest.raises(ValueError):
+            await b.submit(["b"], 1)
+    finally:
+        b.close()

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retriever import synthetic
+from retriever.backends import load_index_backend
+from retriever.build import BuildConfig, build_index
+from retriever.config import RetrieverConfig
+from retriever.encoder import DEFAULT_ENCODER, default_encoder_path, resolve_model_path
+
+ROWS = 40
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return synthetic.write_corpus(tmp_path_factory.mktemp("b") / "c.jsonl", ROWS, words=6)
+
+
+@pytest.mark.parametrize(
+    ("index_type", "params"),
+    [
+        ("HNSW", {"index_type": "HNSW", "m": 8, "ef_construction": 200}),
+        ("IVF", {"index_type": "IVF", "nlist": 4, "train_size": 100000}),
+    ],
+)
+def test_approximate_indexes_build_and_find_each_passage(corpus, tmp_path, index_type, params):
+    # No prefixes: a passage's own text as the query must come back first with score 1.
+    cfg = BuildConfig(
+        index_type=index_type,
+        hnsw_m=8,
+        ivf_nlist=4,
+        query_prefix="",
+        passage_prefix="",
+        progress=False,
+    )
+    m = build_index(corpus, tmp_path / "idx", cfg)
+    assert m.rows == ROWS and m.dense is not None
+    assert m.dense.index_type == index_type
+    assert m.dense.build_params == params
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert manifest["dense"]["dim"] == 384 and manifest["corpus_path"] == "corpus.jsonl"
+    # The default encoder is recorded portably, not by this machine's install path.
+    assert manifest["dense"]["encoder_path"] == DEFAULT_ENCODER
+    backend = load_index_backend(
+        tmp_path / "idx", RetrieverConfig.model_validate({"dense": {"ivf_nprobe": 4}})
+    )
+    rows = list(synthetic.passages(ROWS, words=6))
+    try:
+        hits = backend.search_batch([rows[3]["contents"], rows[30]["contents"]], 2)
+    finally:
+        backend.close()
+    assert [h[0][0] for h in hits] == [rows[3], rows[30]]
+    assert hits[0][0][1] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_build_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="corpus file not found"):
+        build_index(tmp_path / "missing.jsonl", tmp_path / "idx")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="has no rows"):
+        build_index(empty, tmp_path / "idx")
+    with pytest.raises(ValueError, match=r"no manifest\.json"):
+        load_index_backend(tmp_path, RetrieverConfig())
+
+
+def test_encoder_path_resolution(tmp_path):
+    assert resolve_model_path(DEFAULT_ENCODER) == default_encoder_path()
+    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(ValueError, match=r"retriever\.dense\.encoder_path"):
+        resolve_model_path(str(tmp_path / "moved-away"))

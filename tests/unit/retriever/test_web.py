@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from retriever.backends.base import BackendUnavailable
+from retriever.backends.web import RateLimiter, WebBackend, to_hits
+from retriever.config import SerperConfig
+from retriever.testing import FakeSerper
+
+
+@pytest.fixture(scope="module")
+def serper():
+    with FakeSerper() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(serper):
+    serper.fail_with.clear()
+    serper.arrivals.clear()
+    serper.bodies.clear()
+    return serper
+
+
+def cfg(fake: FakeSerper, **kw) -> SerperConfig:
+    base = {"url": fake.url, "rate_limit_qps": 1000.0, "backoff_s": 0.01, "timeout_s": 5.0}
+    return SerperConfig(**(base | kw))
+
+
+def test_to_hits_snippet_only_contents_and_reciprocal_rank_scores():
+    payload = {"organic": [{"title": " T ", "snippet": "S", "link": "L"}, {"title": "U"}]}
+    assert to_hits(payload, 5) == [
+        ({"id": "L", "contents": '"T"\nS'}, 1.0),
+        ({"id": "2", "contents": '"U"\n'}, 0.5),
+    ]
+    assert to_hits({}, 3) == []
+
+
+async def test_search_sends_serper_schema_and_returns_corpus_format(fake):
+    web = WebBackend(cfg(fake), api_key="test-key")
+    try:
+        res = await web.search(["capital of france", "rome"], 2)
+    finally:
+        await web.aclose()
+    assert [len(r) for r in res] == [2, 2]
+    doc, score = res[0][0]
+    assert doc["contents"] == '"capital of france title 1"\nsnippet 1 about capital of france'
+    assert score == 1.0
+    assert {"q": "rome", "num": 2, "gl": "us", "hl": "en"} in fake.bodies
+
+
+async def test_retries_5xx_and_429_then_succeeds(fake):
+    fake.fail_with[:] = [500, 429]
+    web = WebBackend(cfg(fake, max_retries=2), api_key="test-key")
+    try:
+        res = await web.search(["q"], 1)
+    finally:
+        await web.aclose()
+    assert len(res[0]) == 1
+    assert len(fake.arrivals) == 3
+
+
+async def test_exhausted_retries_raise_unavailable_never_empty(fake):
+    fake.fail_with[:] = [503, 503, 503]
+    web = WebBackend(cfg(fake, max_retries=2), api_key="test-key")
+    try:
+        with pytest.raises(BackendUnavailable, match="after 3 attempts"):
+            await web.search(["q"], 1)
+    finally:
+        await web.aclose()
+
+
+async def test_wrong_key_is_not_retried(fake):
+    web = WebBackend(cfg(fake, max_retries=3), api_key="wrong")
+    try:
+        with pytest.raises(BackendUnavailable, match="HTTP 403"):
+            await web.search(["q"], 1)
+    finally:
+        await web.aclose()
+    assert len(fake.arrivals) == 1
+
+
+async def test_connection_refused_is_unavailable():
+    from searchr1.redis_server import free_port
+
+    c = SerperConfig(url=f"http://127.0.0.1:{free_port()}/search", max_retries=1, backoff_s=0.01)
+    web = WebBackend(c, api_key="k")
+    try:
+        with pytest.raises(BackendUnavailable, match="ConnectError"):
+            await web.search(["q"], 1)
+    finally:
+        await web.aclose()
+
+
+async def test_client_side_rate_limit_spaces_requests(fake):
+    web = WebBackend(cfg(fake, rate_limit_qps=20.0), api_key="test-key")
+    try:
+        await web.search([f"q{i}" for i in range(6)], 1)
+    finally:
+        await web.aclose()
+    gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
+    # 6 requests at 20/s span at least 5 intervals of 50 ms.
+    assert fake.arrivals[-1] - fake.arrivals[0] >= 0.2
+    assert min(gaps) >= 0.03
+
+
+async def test_rate_limiter_hand_computed():
+    lim = RateLimiter(10.0)
+    t = time.monotonic()
+    await asyncio.gather(*(lim.acquire() for _ in range(4)))
+    assert 0.28 <= time.monotonic() - t < 1.0  # waits 0, 0.1, 0.2, 0.3 s
+
+
+def test_missing_key_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="SERPER_API_KEY"):
+        WebBackend(SerperConfig())

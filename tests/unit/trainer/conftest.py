@@ -1,0 +1,84 @@
+"""Fixtures for trainer tests: a tiny random Qwen2 (no tokenizer needed for the math)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from protos.trajectory import SCHEMA_VERSION, Trajectory
+
+VOCAB = 128
+
+
+def tiny_qwen2(seed: int = 0):  # type: ignore[no-untyped-def]
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "sdpa"
+    return Qwen2ForCausalLM(cfg)
+
+
+def make_trajectory(
+    tid: str,
+    group: str,
+    reward: float,
+    *,
+    prompt_len: int,
+    response_len: int,
+    seed: int,
+    observation: tuple[int, int] | None = None,
+    rollout_logprobs: list[float] | None = None,
+) -> Trajectory:
+    rng = random.Random(seed)
+    mask = [1] * response_len
+    if observation:
+        for i in range(*observation):
+            mask[i] = 0
+    t = Trajectory(
+        schema_version=SCHEMA_VERSION,
+        trajectory_id=tid,
+        group_id=group,
+        prompt_token_ids=[rng.randrange(VOCAB) for _ in range(prompt_len)],
+        response_token_ids=[rng.randrange(VOCAB) for _ in range(response_len)],
+        loss_mask=bytes(mask),
+        rollout_logprobs=rollout_logprobs or [0.0] * response_len,
+        has_rollout_logprobs=rollout_logprobs is not None,
+    )
+    t.reward.total = reward
+    return t
+
+
+def make_batch(n_groups: int = 2, group_size: int = 4, seed: int = 0) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    for g in range(n_groups):
+        for k in range(group_size):
+            out.append(
+                make_trajectory(
+                    f"g{g}-s{k}",
+                    f"g{g}",
+                    float(k % 2),
+                    prompt_len=rng.randint(3, 10),
+                    response_len=rng.randint(4, 20),
+                    seed=rng.randrange(1 << 30),
+                    observation=(1, 3),
+                )
+            )
+    return out
+
+
+@pytest.fixture
+def tiny_model():  # type: ignore[no-untyped-def]
+    return tiny_qwen2()

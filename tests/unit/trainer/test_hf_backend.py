@@ -1,0 +1,167 @@
+"""The Hugging Face backend on a tiny random Qwen2: a step moves logprobs the right way;
+micro-batching and packing do not change the update; HF export loads back."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tests.unit.trainer.conftest import make_batch, tiny_qwen2
+from trainer.backend import LogprobKind
+from trainer.config import BatchConfig, LossConfig, OptimConfig, TrainerConfig
+from trainer.dist import DistInfo
+from trainer.hf_backend import HFBackend
+from trainer.step import build_samples, train_on
+
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def config(**batch: object) -> TrainerConfig:
+    return TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1.0),
+        loss=LossConfig(kl_coef=0.01, entropy_coef=0.001),
+        batch=BatchConfig(**batch),  # type: ignore[arg-type]
+    )
+
+
+def test_step_moves_positive_advantage_logprobs_up() -> None:
+    cfg = config()
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    trajs = make_batch(2, 4)
+    before, _ = build_samples(trajs, cfg)
+    backend.compute_logprobs(before, LogprobKind.OLD)
+    metrics = train_on(trajs, backend, cfg)
+    after, _ = build_samples(trajs, cfg)
+    backend.compute_logprobs(after, LogprobKind.OLD)
+    pos = neg = 0
+    for b, a in zip(before, after, strict=True):
+        m = b.loss_mask > 0
+        delta = float((a.old_logprobs - b.old_logprobs)[m].mean())
+        if b.advantage > 0:
+            assert delta > 0, (b.sample_id, delta)
+            pos += 1
+        elif b.advantage < 0:
+            assert delta < 0, (b.sample_id, delta)
+            neg += 1
+    assert pos == 4 and neg == 4
+    assert metrics["optimizer_steps"] == 1
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "lr", "clip_fraction_low"):
+        assert key in metrics
+    assert metrics["loss_mask/observation_fraction"] > 0
+
+
+def test_observation_rollout_logprob_change_is_bit_identical() -> None:
+    cfg = config()
+    cfg.loss.old_logprobs = "rollout"  # type: ignore[assignment]
+    trajs = make_batch(1, 4)
+    for t in trajs:
+        t.has_rollout_logprobs = True
+        t.rollout_logprobs[:] = [-3.0] * len(t.rollout_logprobs)
+    altered = copy.deepcopy(trajs)
+    for t in altered:
+        t.rollout_logprobs[1] = -50.0
+    params = []
+    for batch in (trajs, altered):
+        backend = HFBackend(tiny_qwen2(), cfg, CPU)
+        train_on(batch, backend, cfg)
+        params.append(torch.cat([p.detach().flatten() for p in backend.model.parameters()]))
+    assert torch.equal(params[0], params[1])
+
+
+def _grads(backend: HFBackend) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in backend.model.parameters()])
+
+
+@pytest.mark.parametrize("batch", [{"max_tokens_per_microbatch": 40}, {"packing": False}])
+def test_microbatching_and_padding_give_the_same_update(batch: dict[str, object]) -> None:
+    # Gradients, not parameters, are compared: Adam's first step is ~lr * sign(g), which turns
+    # float noise on near-zero gradients into lr-sized differences.
+    trajs = make_batch(2, 4)
+    results = []
+    for b in ({"max_tokens_per_microbatch": 100_000}, batch):
+        cfg = config(**b)
+        backend = HFBackend(tiny_qwen2(), cfg, CPU)
+        m = train_on(trajs, backend, cfg)
+        results.append((m, _grads(backend)))
+    (m1, g1), (m2, g2) = results
+    assert g1.abs().max() > 1e-3
+    assert torch.allclose(g1, g2, atol=1e-7)
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+
+
+def test_minibatches_take_several_optimizer_steps() -> None:
+    cfg = config(num_minibatches=2)
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    m = train_on(make_batch(2, 4), backend, cfg)
+    assert m["optimizer_steps"] == 2
+    assert backend.optimizer_steps == 2
+
+
+def test_export_hf_loads_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    cfg = config()
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    train_on(make_batch(1, 4), backend, cfg)
+    out = backend.export_hf(tmp_path / "export")
+    assert out is not None and (out / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, backend.model(ids).logits, atol=1e-6)
+
+
+def test_out_of_vocabulary_trajectories_are_dropped_and_counted() -> None:
+    cfg = config()
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    trajs = make_batch(1, 4)
+    trajs[0].response_token_ids[0] = 10_000
+    m = train_on(trajs, backend, cfg)
+    assert m["invalid_samples"] == 1 and m["samples"] == 3
+
+
+def test_nan_rollout_logprobs_with_tis_never_make_the_loss_nan() -> None:
+    cfg = config()
+    cfg.tis.mode = "mis"  # type: ignore[assignment]
+    trajs = make_batch(1, 4)
+    for t in trajs:
+        t.has_rollout_logprobs = True
+        t.rollout_logprobs[:] = [-4.0] * len(t.rollout_logprobs)
+    trajs[0].rollout_logprobs[0] = float("nan")
+    trajs[1].rollout_logprobs[3] = float("-inf")
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    m = train_on(trajs, backend, cfg)
+    assert m["nonfinite_rollout_logprobs"] == 2
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "tis/weight_mean"):
+        assert math.isfinite(m[key]), key
+    assert 0 < m["tis/effective_sample_size"] <= 1
+    assert all(torch.isfinite(p).all() for p in backend.model.parameters())
+
+
+def test_bf16_autocast_path_runs_with_fp32_master_weights() -> None:
+    # The CUDA default; on CPU autocast covers the same code path.
+    cfg = config()
+    cfg.model.dtype = "bfloat16"  # type: ignore[assignment]
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    assert backend.compute_dtype == torch.bfloat16
+    m = train_on(make_batch(1, 4), backend, cfg)
+    assert math.isfinite(m["loss"]) and m["grad_norm"] > 0
+    assert all(p.dtype == torch.float32 for p in backend.model.parameters())
+
+
+def test_degenerate_groups_are_counted_and_optionally_filtered() -> None:
+    trajs = make_batch(2, 4)
+    for t in trajs:
+        if t.group_id == "g1":
+            t.reward.total = 1.0  # all equal: no signal
+    cfg = config()
+    samples, m = build_samples(trajs, cfg)
+    assert m["groups/degenerate"] == 1 and len(samples) == 8
+    assert all(s.advantage == 0.0 for s in samples if s.group_id == "g1")
+    cfg.advantages.filter_degenerate_groups = True
+    samples, m = build_samples(trajs, cfg)
+    assert {s.group_id for s in samples} == {"g0"}
+    assert m["samples"] == 4 and m["reward/mean"] == pytest.approx(0.75)  # stats before filtering

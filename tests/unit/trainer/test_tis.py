@@ -1,0 +1,86 @@
+"""TIS weights and ESS against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.config import TISAction, TISConfig, TISLevel, TISMode
+from trainer.tis import kish_ess, tis_weights
+
+
+def t(*xs: float) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.float32)
+
+
+def test_kish_ess() -> None:
+    assert kish_ess(t(1, 1, 1, 1)) == pytest.approx(1.0)
+    # (2 + 0.5 + 1)^2 / (3 * (4 + 0.25 + 1)) = 12.25 / 15.75
+    assert kish_ess(t(2, 0.5, 1)) == pytest.approx(12.25 / 15.75)
+    assert kish_ess(t(1, 0, 0, 0)) == pytest.approx(0.25)
+
+
+def test_token_tis() -> None:
+    old = t(math.log(3), math.log(0.5), 0.0, 5.0)
+    rollout = torch.zeros(4)
+    mask = t(1, 1, 1, 0)  # the last token is an observation
+    res = tis_weights(
+        old, rollout, mask, torch.tensor([0, 0, 1, 1]), 2, TISConfig(mode=TISMode.TOKEN)
+    )
+    assert res.weights.tolist() == pytest.approx([2.0, 0.5, 1.0, 0.0], abs=1e-6)
+    assert res.metrics["tis/weight_mean"] == pytest.approx(3.5 / 3)
+    assert res.metrics["tis/weight_max"] == pytest.approx(2.0)
+    assert res.metrics["tis/clip_fraction"] == pytest.approx(1 / 3)
+    assert res.metrics["tis/effective_sample_size"] == pytest.approx(12.25 / 15.75)
+
+
+def test_nonfinite_rollout_logprob_is_dropped() -> None:
+    res = tis_weights(
+        t(0.0, 0.0),
+        t(float("nan"), 0.0),
+        t(1, 1),
+        torch.tensor([0, 0]),
+        1,
+        TISConfig(mode=TISMode.TOKEN),
+    )
+    assert res.valid.tolist() == [False, True]
+    assert res.weights.tolist() == [0.0, 1.0]
+
+
+def _mis(old: torch.Tensor, index: list[int], n: int, **kw: object) -> torch.Tensor:
+    cfg = TISConfig(mode=TISMode.MIS, **kw)  # type: ignore[arg-type]
+    res = tis_weights(old, torch.zeros_like(old), torch.ones_like(old), torch.tensor(index), n, cfg)
+    return res.weights
+
+
+def test_mis_sequence_truncate_and_mask() -> None:
+    old = t(math.log(2), math.log(0.5), math.log(3))
+    # Sample 0: ratios 2 * 0.5 = 1; sample 1: 3, truncated to the upper bound 2.
+    w = _mis(old, [0, 0, 1], 2, level=TISLevel.SEQUENCE, action=TISAction.TRUNCATE)
+    assert w.tolist() == pytest.approx([1.0, 1.0, 2.0])
+    w = _mis(old, [0, 0, 1], 2, level=TISLevel.SEQUENCE, action=TISAction.MASK)
+    assert w.tolist() == pytest.approx([1.0, 1.0, 0.0])
+
+
+def test_mis_geometric_clip() -> None:
+    old = t(math.log(4), 0.0, math.log(0.25))
+    # Sample 0: geometric mean of 4 and 1 = 2; sample 1: 0.25, clipped up to the lower bound.
+    w = _mis(old, [0, 0, 1], 2, level=TISLevel.GEOMETRIC, action=TISAction.CLIP)
+    assert w.tolist() == pytest.approx([2.0, 2.0, 0.5])
+
+
+def test_mis_token_mask_and_veto() -> None:
+    old = t(math.log(3), 0.0, math.log(1e-5), 0.0)
+    cfg = TISConfig(mode=TISMode.MIS, action=TISAction.MASK)
+    res = tis_weights(old, torch.zeros(4), torch.ones(4), torch.tensor([0, 0, 1, 1]), 2, cfg)
+    # Token 0 is outside [0.5, 2]: masked; sample 1 holds a ratio below 1e-4: vetoed whole.
+    assert res.weights.tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0])
+    assert res.metrics["tis/veto_fraction"] == pytest.approx(0.5)
+
+
+def test_mis_renormalize() -> None:
+    old = t(0.0, math.log(0.5))
+    w = _mis(old, [0, 1], 2, renormalize=True, veto_threshold=None)
+    assert w.tolist() == pytest.approx([4 / 3, 2 / 3])

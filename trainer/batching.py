@@ -1,0 +1,216 @@
+"""Trajectories -> training samples -> micro-batches.
+
+Packing: the sequences of a micro-batch are concatenated into one row with `position_ids`
+restarting at 0 for each; transformers 5.x derives a block-diagonal causal mask from such
+position ids (no attention mask, no KV cache), so no compute is spent on padding. The padded
+path (right padding + attention mask) exists for comparison and as a fallback.
+
+Only the rows whose logits are needed (the positions predicting response tokens) go through the
+LM head (`logits_to_keep` with explicit indices), in both paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from protos.trajectory import Trajectory
+
+
+@dataclass
+class Sample:
+    """One trajectory as the trainer needs it; per-token tensors cover the response only."""
+
+    sample_id: str
+    group_id: str
+    input_ids: list[int]  # prompt + response
+    prompt_len: int
+    loss_mask: torch.Tensor  # float32 [R]; 0 on observation tokens and non-finite logprobs
+    rollout_logprobs: torch.Tensor | None  # float32 [R]
+    reward: float
+    advantage: float = 0.0
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    tis_weights: torch.Tensor | None = None
+    loss_weights: torch.Tensor | None = None  # aggregation weights within its mini-batch
+    extras: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.input_ids) - self.prompt_len
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+def _mask_tensor(mask: bytes | Sequence[int]) -> torch.Tensor:
+    # The wire format is one byte per token; bytearray: frombuffer needs a writable buffer.
+    if isinstance(mask, bytes | bytearray):
+        if not mask:
+            return torch.zeros(0)
+        return torch.frombuffer(bytearray(mask), dtype=torch.uint8).to(torch.float32)
+    return torch.tensor(list(mask), dtype=torch.float32)
+
+
+def sample_from_trajectory(traj: Trajectory) -> tuple[Sample, int]:
+    """Convert one trajectory; returns the sample and how many non-finite rollout logprobs
+    were masked out of it."""
+    prompt = list(traj.prompt_token_ids)
+    response = list(traj.response_token_ids)
+    mask = _mask_tensor(traj.loss_mask)
+    rollout = None
+    nonfinite = 0
+    if traj.has_rollout_logprobs:
+        rollout = torch.tensor(list(traj.rollout_logprobs), dtype=torch.float32)
+        bad = ~torch.isfinite(rollout) & (mask > 0)
+        nonfinite = int(bad.sum())
+        mask = torch.where(bad, torch.zeros_like(mask), mask)
+        rollout = torch.where(torch.isfinite(rollout), rollout, torch.zeros_like(rollout))
+    if not prompt and response:
+        # Nothing predicts the first token of a prompt-less sequence.
+        mask[0] = 0.0
+    components = dict(traj.reward.components)
+    sample = Sample(
+        sample_id=traj.trajectory_id,
+        group_id=traj.group_id,
+        input_ids=prompt + response,
+        prompt_len=len(prompt),
+        loss_mask=mask,
+        rollout_logprobs=rollout,
+        reward=float(traj.reward.total),
+        extras={"em": components["em"]} if "em" in components else {},
+    )
+    return sample, nonfinite
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, L]
+    position_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor | None  # [B, L] for the padded path; None when packed
+    cu_seqlens: torch.Tensor | None  # [n + 1] sequence boundaries in the packed row
+    keep_positions: torch.Tensor  # [K] sequence positions whose logits are computed
+    row_batch: torch.Tensor  # [T] batch row of the logits predicting each response token
+    row_keep: torch.Tensor  # [T] index into keep_positions of that logits row
+    targets: torch.Tensor  # [T] the response tokens
+    sample_index: torch.Tensor  # [T] index into `samples` of each response token
+    samples: list[int]  # indices into the caller's sample list, in order
+    num_tokens: int  # real (non-padding) tokens
+    padded_tokens: int  # B * L
+
+    def response_field(self, all_samples: Sequence[Sample], name: str) -> torch.Tensor:
+        """Concatenate a per-sample response tensor (`old_logprobs`, ...) in this order."""
+        parts = [getattr(all_samples[i], name) for i in self.samples]
+        if any(p is None for p in parts):
+            raise ValueError(f"sample field {name} is not set")
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def plan_microbatches(
+    lengths: Sequence[int], budget: int, *, packed: bool = True, max_samples: int | None = None
+) -> list[list[int]]:
+    """Group sample indices into micro-batches of at most `budget` tokens.
+
+    Packed: first-fit decreasing on real tokens. Padded: arrival order, batch size bounded by
+    `B * max_len <= budget` (the cost a padded forward really pays). A sample longer than the
+    budget gets a micro-batch of its own. `max_samples` also caps the samples per micro-batch.
+    """
+    cap = max_samples or len(lengths) or 1
+    if packed:
+        bins: list[list[int]] = []
+        loads: list[int] = []
+        for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+            for b, load in enumerate(loads):
+                if load + lengths[i] <= budget and len(bins[b]) < cap:
+                    bins[b].append(i)
+                    loads[b] += lengths[i]
+                    break
+            else:
+                bins.append([i])
+                loads.append(lengths[i])
+        return [sorted(b) for b in bins]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i, n in enumerate(lengths):
+        new_max = max(cur_max, n)
+        if cur and (new_max * (len(cur) + 1) > budget or len(cur) >= cap):
+            out.append(cur)
+            cur, new_max = [], n
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out
+
+
+def build_microbatch(
+    samples: Sequence[Sample], idxs: Sequence[int], *, packed: bool, pad_id: int = 0
+) -> MicroBatch:
+    seqs = [samples[i] for i in idxs]
+    if packed:
+        ids = [t for s in seqs for t in s.input_ids]
+        pos = [p for s in seqs for p in range(s.length)]
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        position_ids = torch.tensor([pos], dtype=torch.long)
+        attention_mask = None
+        starts, rows = [], []
+        offset = 0
+        for s in seqs:
+            starts.append(offset)
+            rows.append(0)
+            offset += s.length
+        cu_seqlens = torch.tensor([*starts, offset], dtype=torch.int32)
+    else:
+        width = max(s.length for s in seqs)
+        input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            input_ids[b, : s.length] = torch.tensor(s.input_ids, dtype=torch.long)
+            attention_mask[b, : s.length] = 1
+        position_ids = torch.arange(width).expand(len(seqs), width).contiguous()
+        starts = [0] * len(seqs)
+        rows = list(range(len(seqs)))
+        cu_seqlens = None
+    # The logits at position j predict token j + 1.
+    row_batch, row_pos, targets, sample_index = [], [], [], []
+    for k, (s, start, row) in enumerate(zip(seqs, starts, rows, strict=True)):
+        for j in range(s.prompt_len, s.length):
+            row_batch.append(row)
+            row_pos.append(start + max(j - 1, 0))
+            targets.append(s.input_ids[j])
+            sample_index.append(k)
+    pos_t = torch.tensor(row_pos, dtype=torch.long)
+    keep, row_keep = torch.unique(pos_t, sorted=True, return_inverse=True)
+    return MicroBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        cu_seqlens=cu_seqlens,
+        keep_positions=keep,
+        row_batch=torch.tensor(row_batch, dtype=torch.long),
+        row_keep=row_keep,
+        targets=torch.tensor(targets, dtype=torch.long),
+        sample_index=torch.tensor(sample_index, dtype=torch.long),
+        samples=list(idxs),
+        num_tokens=sum(s.length for s in seqs),
+        padded_tokens=int(input_ids.numel()),
+    )
+
+
+def shard_plan(plan: list[list[int]], world_size: int, rank: int) -> list[list[int]]:
+    """This rank's micro-batches; every rank gets the same count (FSDP collectives run per
+    forward/backward), an empty list meaning a zero-weight dummy pass."""
+    padded = plan + [[] for _ in range(-len(plan) % world_size)]
+    return padded[rank::world_size]
+
+
+def split_minibatches(n: int, num_minibatches: int) -> list[list[int]]:
+    """Contiguous, near-equal split of `range(n)` (groups stay together when ordered)."""
+    if num_minibatches > n:
+        num_minibatches = max(n, 1)
+    bounds = [round(k * n / num_minibatches) for k in range(num_minibatches + 1)]
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(num_minibatches)]

@@ -1,0 +1,159 @@
+"""Atomic checkpoints: model, optimizer, scheduler, RNG, step and the bus receipts of the step.
+
+Layout: `<dir>/step_00000012/{state.pt,trainer.json}` plus `<dir>/latest` naming the newest
+complete one. A checkpoint is written into a temporary directory, fsynced, renamed into place,
+and only then does `latest` move (write + rename), so a crash at any point leaves the previous
+checkpoint intact and never a half-written one under a final name.
+
+The receipts stored are those of every trajectory trained since the previous checkpoint: the
+loop acknowledges them on the bus only after this checkpoint is durable, and re-acknowledges
+them on resume (the crash may have hit between the two).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchr1.bus import Receipt
+from trainer.backend import TrainerBackend
+from trainer.config import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+PREFIX = "step_"
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    receipts: list[Receipt] = field(default_factory=list)
+    weight_version: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "receipts": [list(r) for r in self.receipts],
+            "weight_version": self.weight_version,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainerState:
+        return cls(
+            step=int(data["step"]),
+            receipts=[Receipt(*r) for r in data.get("receipts", [])],
+            weight_version=int(data.get("weight_version", 0)),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CheckpointManager:
+    def __init__(self, cfg: CheckpointConfig) -> None:
+        if not cfg.dir:
+            raise ValueError("trainer.checkpoint.dir is not set")
+        self.cfg = cfg
+        self.root = Path(cfg.dir)
+
+    def path_for(self, step: int) -> Path:
+        return self.root / f"{PREFIX}{step:08d}"
+
+    def latest(self) -> Path | None:
+        pointer = self.root / LATEST
+        if not pointer.exists():
+            return None
+        path = self.root / pointer.read_text().strip()
+        return path if (path / "trainer.json").exists() else None
+
+    def save(self, backend: TrainerBackend, state: TrainerState) -> Path | None:
+        """Collective: every rank calls it; the main rank writes. Returns the path there."""
+        full = backend.full_state()
+        if not backend.is_main:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(state.step)
+        tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        full["rng"] = rng_state()
+        torch.save(full, tmp / "state.pt")
+        with open(tmp / "state.pt", "rb+") as f:
+            os.fsync(f.fileno())
+        _write_file(tmp / "trainer.json", json.dumps(state.to_json()).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # a re-run of the same step after a resume: replace it
+            shutil.rmtree(final)
+        tmp.rename(final)
+        pointer_tmp = self.root / f".{LATEST}.tmp-{os.getpid()}"
+        _write_file(pointer_tmp, final.name.encode())
+        os.replace(pointer_tmp, self.root / LATEST)
+        _fsync_dir(self.root)
+        self._prune(keep=final)
+        log.info("checkpoint saved", extra={"step": state.step, "path": str(final)})
+        return final
+
+    def _prune(self, keep: Path) -> None:
+        done = sorted(p for p in self.root.glob(f"{PREFIX}*") if p.is_dir())
+        for old in done[: -self.cfg.keep_last]:
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(f".{PREFIX}*.tmp-*"):  # left by a crash mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load(self, backend: TrainerBackend, path: Path | None = None) -> TrainerState | None:
+        """Collective; call it only when a checkpoint exists (`latest()` on the main rank).
+        Restores the backend and the RNG; returns the trainer state (None on other ranks)."""
+        path = path or self.latest()
+        if backend.is_main and path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.root}")
+        full: dict[str, Any] | None = None
+        state: TrainerState | None = None
+        if backend.is_main and path is not None:
+            full = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+            state = TrainerState.from_json(json.loads((path / "trainer.json").read_text()))
+        backend.load_full_state(full)
+        if full is not None:
+            set_rng_state(full["rng"])
+            log.info(
+                "checkpoint loaded", extra={"step": state.step if state else 0, "path": str(path)}
+            )
+        return state

@@ -1,0 +1,374 @@
+"""Hugging Face causal LMs under PyTorch: one process, or FSDP2 (`fully_shard`) over ranks.
+
+Parameters stay fp32 (the optimizer's master copy); bf16 compute on CUDA comes from autocast
+(one process) or FSDP2's mixed-precision policy. Gradients of all micro-batches of a mini-batch
+are accumulated with loss weights normalised over the whole mini-batch (see `trainer.losses`),
+so accumulation and data parallelism give the same update as one big batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from trainer.attention import use_varlen
+from trainer.backend import LogprobKind, TrainerBackend
+from trainer.batching import (
+    MicroBatch,
+    Sample,
+    build_microbatch,
+    plan_microbatches,
+    shard_plan,
+    split_minibatches,
+)
+from trainer.config import DType, LossConfig, LRSchedule, TrainerConfig
+from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
+from trainer.losses import LossTerms, aggregation_weights, entropy_from_logits, grpo_loss
+
+# Metrics that are weighted sums (add over micro-batches and ranks) vs plain counts.
+_WEIGHTED = ("loss", "pg_loss", "kl", "entropy", "clip_fraction_low", "clip_fraction_high")
+
+
+def _lr_lambda(schedule: LRSchedule, warmup_steps: int):  # type: ignore[no-untyped-def]
+    def f(step: int) -> float:
+        if schedule == LRSchedule.WARMUP and warmup_steps > 0:
+            return min(1.0, (step + 1) / warmup_steps)
+        return 1.0
+
+    return f
+
+
+def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no `.model.layers` to shard with FSDP2")
+    return list(layers)
+
+
+class HFBackend(TrainerBackend):
+    def __init__(self, model: nn.Module, cfg: TrainerConfig, info: DistInfo) -> None:
+        self.cfg = cfg
+        self.info = info
+        self.rank, self.world_size = info.rank, info.world_size
+        self.device = info.device
+        self.loss_cfg: LossConfig = cfg.loss
+        dtype = cfg.model.dtype
+        if dtype == DType.AUTO:
+            dtype = DType.BFLOAT16 if self.device.type == "cuda" else DType.FLOAT32
+        self.compute_dtype = torch.bfloat16 if dtype == DType.BFLOAT16 else torch.float32
+        model = model.to(torch.float32)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.varlen = cfg.model.attn_implementation == "varlen"
+        if self.varlen:
+            use_varlen(model)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # The reference policy is a frozen copy of the initial weights.
+        self.ref_model: nn.Module | None = None
+        if cfg.loss.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval()
+            self.ref_model.requires_grad_(False)
+        self.model = self._place(model)
+        if self.ref_model is not None:
+            self.ref_model = self._place(self.ref_model)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(o.schedule, o.warmup_steps)
+        )
+        self._steps = 0
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _place(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if not self.info.distributed:
+            return model
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32 or self.info.distributed:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self._steps
+
+    # -- forward --------------------------------------------------------------------------
+
+    def _plan(self, samples: Sequence[Sample]) -> list[list[int]]:
+        b = self.cfg.batch
+        plan = plan_microbatches(
+            [s.length for s in samples],
+            b.max_tokens_per_microbatch,
+            packed=b.packing,
+            max_samples=b.max_samples_per_microbatch,
+        )
+        return shard_plan(plan, self.world_size, self.rank)
+
+    def _forward(
+        self, model: nn.Module, mb: MicroBatch, *, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprobs of the response tokens (fp32), and their entropies if asked."""
+        dev = self.device
+        extra: dict[str, Any] = {}
+        if self.varlen and mb.cu_seqlens is not None:
+            # Left on the CPU: the varlen attention only reads the bounds (no device sync).
+            extra["cu_seq_lens_q"] = mb.cu_seqlens
+        with self._autocast():
+            out = model(
+                input_ids=mb.input_ids.to(dev),
+                position_ids=mb.position_ids.to(dev),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
+                use_cache=False,  # a cache disables the packed-sequence (block-diagonal) mask
+                logits_to_keep=mb.keep_positions.to(dev),
+                **extra,
+            )
+        rows = out.logits[mb.row_batch.to(dev), mb.row_keep.to(dev)].float()
+        logp = rows.gather(-1, mb.targets.to(dev)[:, None]).squeeze(-1) - torch.logsumexp(
+            rows, dim=-1
+        )
+        ent = None
+        if with_entropy:
+            ent = entropy_from_logits(rows) if self.loss_cfg.entropy_coef > 0 else None
+            if ent is None:
+                with torch.no_grad():
+                    ent = entropy_from_logits(rows.detach())
+        return logp, ent
+
+    def _dummy(self) -> tuple[list[Sample], MicroBatch]:
+        # A rank with no micro-batch left still joins FSDP's collectives, with zero weight.
+        s = Sample("dummy", "dummy", [0, 0], 1, torch.zeros(1), torch.zeros(1), 0.0)
+        s.old_logprobs = s.ref_logprobs = s.tis_weights = s.loss_weights = torch.zeros(1)
+        return [s], build_microbatch([s], [0], packed=True)
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[Sample], kind: LogprobKind) -> None:
+        model = self.model if kind == LogprobKind.OLD else self.ref_model
+        if model is None:
+            raise ValueError("reference logprobs need loss.kl_coef > 0 (no reference model)")
+        packed = self.cfg.batch.packing
+        local: dict[int, torch.Tensor] = {}
+        for idxs in self._plan(samples):
+            if not idxs:
+                _, mb = self._dummy()
+                self._forward(model, mb, with_entropy=False)
+                continue
+            mb = build_microbatch(samples, idxs, packed=packed)
+            logp, _ = self._forward(model, mb, with_entropy=False)
+            logp = logp.cpu()
+            for k, i in enumerate(idxs):
+                local[i] = logp[mb.sample_index == k]
+        merged: dict[int, torch.Tensor] = {}
+        for part in all_gather_objects(local, self.info):
+            merged.update(part)
+        attr = "old_logprobs" if kind == LogprobKind.OLD else "ref_logprobs"
+        for i, s in enumerate(samples):
+            setattr(s, attr, merged[i])
+
+    # -- training -------------------------------------------------------------------------
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        self.model.train()
+        totals: dict[str, float] = {}
+        minibatches = split_minibatches(len(samples), self.cfg.batch.num_minibatches)
+        t_fb = t_opt = 0.0
+        tokens = 0
+        for mb_idx in minibatches:
+            sub = [samples[i] for i in mb_idx]
+            self._set_loss_weights(sub)
+            self.optimizer.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            sums: dict[str, float] = {}
+            for idxs in self._plan(sub):
+                if idxs:
+                    mb = build_microbatch(sub, idxs, packed=self.cfg.batch.packing)
+                    batch_samples: Sequence[Sample] = sub
+                    tokens += mb.num_tokens
+                else:
+                    batch_samples, mb = self._dummy()
+                terms = self._microbatch_loss(batch_samples, mb)
+                # FSDP averages gradients over ranks; the weights already sum over ranks.
+                (terms.loss * self.world_size).backward()
+                for k, v in terms.metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            t1 = time.perf_counter()
+            grad_norm = self._clip_grad()
+            self.optimizer.step()
+            self.scheduler.step()
+            self._steps += 1
+            t_opt += time.perf_counter() - t1
+            t_fb += t1 - t0
+            sums = all_reduce_sum(sums, self.info)
+            sums["grad_norm"] = grad_norm
+            sums["lr"] = self.scheduler.get_last_lr()[0]
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + v
+        n = len(minibatches)
+        metrics = {k: v / n for k, v in totals.items() if k != "nonfinite_trainer_logprobs"}
+        metrics["nonfinite_trainer_logprobs"] = totals.get("nonfinite_trainer_logprobs", 0.0)
+        metrics["optimizer_steps"] = float(n)
+        metrics["time/forward_backward_s"] = t_fb
+        metrics["time/optimizer_s"] = t_opt
+        metrics["train_tokens"] = all_reduce_sum({"t": float(tokens)}, self.info)["t"]
+        return metrics
+
+    def _set_loss_weights(self, sub: Sequence[Sample]) -> None:
+        mask = torch.cat([s.loss_mask for s in sub])
+        index = torch.cat(
+            [torch.full((s.response_len,), k, dtype=torch.long) for k, s in enumerate(sub)]
+        )
+        w = aggregation_weights(mask, index, len(sub), self.loss_cfg.aggregation)
+        for s, part in zip(sub, torch.split(w, [s.response_len for s in sub]), strict=True):
+            s.loss_weights = part
+
+    def _microbatch_loss(self, samples: Sequence[Sample], mb: MicroBatch) -> LossTerms:
+        dev = self.device
+        logp, ent = self._forward(self.model, mb, with_entropy=True)
+        adv = torch.cat(
+            [torch.full((samples[i].response_len,), samples[i].advantage) for i in mb.samples]
+        )
+        has_ref = self.ref_model is not None and all(
+            samples[i].ref_logprobs is not None for i in mb.samples
+        )
+        has_tis = all(samples[i].tis_weights is not None for i in mb.samples)
+        return grpo_loss(
+            logp,
+            mb.response_field(samples, "old_logprobs").to(dev),
+            adv.to(dev),
+            mb.response_field(samples, "loss_weights").to(dev),
+            self.loss_cfg,
+            ref_logp=mb.response_field(samples, "ref_logprobs").to(dev) if has_ref else None,
+            entropy=ent,
+            tis_weights=mb.response_field(samples, "tis_weights").to(dev) if has_tis else None,
+        )
+
+    def _clip_grad(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _sd_options(self, *, loading: bool = False) -> StateDictOptions:
+        return StateDictOptions(
+            full_state_dict=True,
+            cpu_offload=self.info.distributed and not loading,
+            broadcast_from_rank0=self.info.distributed and loading,
+        )
+
+    def full_state(self) -> dict[str, Any]:
+        model_sd = get_model_state_dict(self.model, options=self._sd_options())
+        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=self._sd_options())
+        if not self.info.distributed:
+            # Detach from the live tensors: the optimizer keeps mutating them in place.
+            model_sd = {k: v.detach().cpu().clone() for k, v in model_sd.items()}
+            optim_sd = copy.deepcopy(optim_sd)
+        return {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "optimizer_steps": self._steps,
+        }
+
+    def load_full_state(self, state: dict[str, Any] | None) -> None:
+        opts = self._sd_options(loading=True)
+        empty: dict[str, Any] = {}
+        set_model_state_dict(self.model, state["model"] if state else empty, options=opts)
+        set_optimizer_state_dict(
+            self.model, self.optimizer, state["optimizer"] if state else empty, options=opts
+        )
+        meta = [state["scheduler"], state["optimizer_steps"]] if state else [None, None]
+        if self.info.distributed:
+            dist.broadcast_object_list(meta, src=0)
+        self.scheduler.load_state_dict(meta[0])
+        self._steps = int(meta[1])
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        sd = get_model_state_dict(self.model, options=self._sd_options())
+        if self.is_main:
+            yield from sd.items()
+
+    def export_hf(self, out_dir: Path) -> Path | None:
+        from safetensors.torch import save_file
+
+        sd = dict(self.named_tensors())
+        if not self.is_main:
+            return None
+        out_dir = Path(out_dir)
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        inner = getattr(self.model, "module", self.model)
+        inner.config.save_pretrained(tmp)
+        gen = getattr(inner, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(tmp)
+        # Clones: tied embeddings share storage, which safetensors refuses to write.
+        tensors = {
+            k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in sd.items()
+        }
+        if getattr(inner.config, "tie_word_embeddings", False):
+            tensors.pop("lm_head.weight", None)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        src = self.cfg.model.path
+        if src:  # tokenizer and chat template travel with the weights
+            for f in Path(src).iterdir():
+                if (
+                    f.is_file()
+                    and f.suffix not in (".safetensors", ".bin")
+                    and not (tmp / f.name).exists()
+                ):
+                    shutil.copy2(f, tmp / f.name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+        return out_dir
+
+
+def load_hf_model(cfg: TrainerConfig) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if not cfg.model.path:
+        raise ValueError("trainer.model.path is not set")
+    impl = cfg.model.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(
+        cfg.model.path,
+        dtype=torch.float32,
+        # varlen is switched on by the backend (it registers the function first).
+        attn_implementation="sdpa" if impl == "varlen" else impl,
+    )

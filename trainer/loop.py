@@ -1,0 +1,259 @@
+"""The training loop: bus -> groups -> step -> checkpoint -> ack -> weight push.
+
+Exactly-once training across crashes: the receipts of every trajectory trained since the last
+checkpoint are kept; they are stored in the next checkpoint and acknowledged on the bus only
+after it is durable. A crash before that leaves the entries pending on the bus and the model at
+the previous checkpoint, so they are trained again exactly once; a crash after the checkpoint
+but before the ack is repaired on resume by re-acknowledging the checkpoint's receipts before
+consuming anything.
+
+With several ranks (torchrun), rank 0 reads the bus and broadcasts each step's trajectories;
+all ranks run the step, checkpoint and push collectively.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protos.trajectory import Trajectory, decode, encode
+from searchr1.bus import Delivery, Receipt, TrajectoryBus
+from trainer.backend import TrainerBackend
+from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.config import TrainerConfig
+from trainer.dist import DistInfo, broadcast_object
+from trainer.metrics import CHECKPOINT_SECONDS, ERRORS, JsonlLog, OptionalSinks, record_step
+from trainer.step import train_on
+from trainer.weights import WeightPusher
+
+log = logging.getLogger(__name__)
+
+
+class GroupBuffer:
+    """Holds deliveries until their prompt group is complete (`group_size` members)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, list[Delivery]] = {}
+        self._complete: list[str] = []
+
+    def add(self, deliveries: Sequence[Delivery]) -> None:
+        for d in deliveries:
+            gid = d.trajectory.group_id or d.trajectory.trajectory_id
+            members = self._groups.setdefault(gid, [])
+            members.append(d)
+            # group_size 0 (unset) means a group of one.
+            if len(members) == max(d.trajectory.group_size, 1) and gid not in self._complete:
+                self._complete.append(gid)
+
+    @property
+    def complete_groups(self) -> int:
+        return len(self._complete)
+
+    def held(self) -> int:
+        return sum(len(v) for v in self._groups.values())
+
+    def take(self, n_groups: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for gid in self._complete[:n_groups]:
+            out += self._groups.pop(gid)
+        self._complete = self._complete[n_groups:]
+        return out
+
+
+@dataclass
+class LoopStatus:
+    step: int = 0
+    weight_version: int = 0
+    running: bool = False
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        backend: TrainerBackend,
+        info: DistInfo,
+        *,
+        bus: TrajectoryBus | None,
+        pusher: WeightPusher | None = None,
+    ) -> None:
+        if info.rank == 0 and bus is None:
+            raise ValueError("rank 0 needs the trajectory bus")
+        self.cfg = cfg
+        self.backend = backend
+        self.info = info
+        self.bus = bus
+        self.pusher = pusher or WeightPusher(cfg.weight_push)
+        self.ckpt = CheckpointManager(cfg.checkpoint) if cfg.checkpoint.dir else None
+        self.jsonl = JsonlLog(cfg.metrics_jsonl if info.rank == 0 else None)
+        main = info.rank == 0
+        self.sinks = OptionalSinks(
+            cfg.tensorboard_dir if main else None, cfg.wandb_project if main else None
+        )
+        self.status = LoopStatus()
+        self.stop_event = asyncio.Event()
+        self._buffer = GroupBuffer()
+        self._unacked: list[Receipt] = []  # trained since the last durable checkpoint
+        self._checkpointed_step = 0
+        self._resumed = False
+
+    # -- start-up -------------------------------------------------------------------------
+
+    async def resume(self) -> bool:
+        """Load the latest checkpoint if any (collective); re-ack its receipts."""
+        if self.ckpt is None:
+            return False
+        exists = broadcast_object(self.ckpt.latest() is not None, self.info)
+        if not exists:
+            return False
+        state = await asyncio.to_thread(self.ckpt.load, self.backend)
+        meta = broadcast_object((state.step, state.weight_version) if state else None, self.info)
+        self.status.step, self.status.weight_version = meta
+        self._checkpointed_step = self.status.step
+        self._resumed = True
+        if state is not None and self.bus is not None and state.receipts:
+            # The crash may have hit between the checkpoint and its ack.
+            n = await self.bus.ack(state.receipts)
+            log.info("re-acknowledged checkpoint receipts", extra={"count": n})
+        log.info("resumed", extra={"step": self.status.step})
+        return True
+
+    # -- data -----------------------------------------------------------------------------
+
+    async def _next_batch(self) -> list[Delivery] | None:
+        """Rank 0: deliveries of `groups_per_step` complete groups, or None when stopping."""
+        assert self.bus is not None
+        want = self.cfg.batch.groups_per_step
+        while self._buffer.complete_groups < want:
+            if self.stop_event.is_set():
+                return None
+            n = max(want - self._buffer.complete_groups, 1) * 8
+            got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
+            self._buffer.add(got)
+        return self._buffer.take(want)
+
+    async def _step_input(self) -> tuple[list[Trajectory] | None, list[Receipt]]:
+        deliveries: list[Delivery] | None = None
+        if self.info.rank == 0:
+            deliveries = await self._next_batch()
+        if not self.info.distributed:
+            if deliveries is None:
+                return None, []
+            return [d.trajectory for d in deliveries], [d.receipt for d in deliveries]
+        payload = None if deliveries is None else [encode(d.trajectory) for d in deliveries]
+        payload = await asyncio.to_thread(broadcast_object, payload, self.info)
+        if payload is None:
+            return None, []
+        receipts = [d.receipt for d in deliveries] if deliveries else []
+        return [decode(b) for b in payload], receipts
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _done(self) -> bool:
+        return self.cfg.max_steps is not None and self.status.step >= self.cfg.max_steps
+
+    async def run(self) -> None:
+        self.status.running = True
+        try:
+            if self._resumed and self.pusher.enabled:
+                # Engines may hold weights of steps lost in the crash: realign them.
+                await self._push(self.status.step)
+            while not self._done():
+                t0 = time.perf_counter()
+                trajs, receipts = await self._step_input()
+                if trajs is None:
+                    break
+                wait_s = time.perf_counter() - t0
+                metrics = await self._train(trajs)
+                step = self.status.step = self.status.step + 1
+                self._unacked += receipts
+                metrics["time/wait_data_s"] = wait_s
+                if self.pusher.due(step):
+                    metrics.update(await self._push(step))
+                # Every rank must agree: the checkpoint is collective.
+                stopping = broadcast_object(self.stop_event.is_set() or self._done(), self.info)
+                if self.ckpt is None:
+                    await self._ack()  # nothing is durable beyond the bus itself
+                elif step % self.cfg.checkpoint.every_steps == 0 or stopping:
+                    metrics["time/checkpoint_s"] = await self._checkpoint()
+                step_s = time.perf_counter() - t0
+                metrics["time/step_s"] = step_s
+                metrics["throughput/tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(
+                    step_s - wait_s, 1e-9
+                )
+                metrics["weight_version"] = float(self.status.weight_version)
+                self._report(step, metrics, trajs)
+            # Stopped while waiting for data: make the steps since the last checkpoint durable.
+            pending = self.ckpt is not None and self.status.step > self._checkpointed_step
+            if broadcast_object(pending, self.info):
+                await self._checkpoint()
+        finally:
+            self.status.running = False
+
+    async def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
+        try:
+            return await asyncio.to_thread(train_on, trajs, self.backend, self.cfg)
+        except Exception:
+            ERRORS.labels("train_step").inc()
+            raise
+
+    async def _push(self, step: int) -> dict[str, float]:
+        try:
+            res = await self.pusher.push(self.backend, step)
+        except Exception as e:
+            # Inference keeps serving the previous version; the next push catches up.
+            ERRORS.labels("weight_push").inc()
+            log.warning("weight push failed", extra={"step": step, "error": repr(e)})
+            return {"weight_push/failed": 1.0}
+        if res is None:
+            return {}
+        self.status.weight_version = res.weight_version
+        return {"time/weight_push_s": res.seconds, "weight_push/bytes": float(res.bytes)}
+
+    async def _checkpoint(self) -> float:
+        assert self.ckpt is not None
+        start = time.perf_counter()
+        state = TrainerState(
+            step=self.status.step,
+            receipts=list(self._unacked),
+            weight_version=self.status.weight_version,
+        )
+        await asyncio.to_thread(self.ckpt.save, self.backend, state)
+        self._checkpointed_step = state.step
+        seconds = time.perf_counter() - start
+        CHECKPOINT_SECONDS.observe(seconds)
+        if self.cfg.checkpoint.export_dir:
+            from pathlib import Path
+
+            await asyncio.to_thread(self.backend.export_hf, Path(self.cfg.checkpoint.export_dir))
+        await self._ack()
+        return seconds
+
+    async def _ack(self) -> None:
+        if self.bus is not None and self._unacked:
+            await self.bus.ack(self._unacked)
+        self._unacked = []
+
+    def _report(self, step: int, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
+        self.status.last_metrics = metrics
+        if self.info.rank != 0:
+            return
+        record_step(step, metrics)
+        record: dict[str, Any] = {"step": step, **metrics}
+        record["trajectory_ids"] = [t.trajectory_id for t in trajs]
+        self.jsonl.write(record)
+        self.sinks.write(step, metrics)
+        log.info(
+            "step",
+            extra={
+                "step": step,
+                "loss": round(metrics.get("loss", 0.0), 6),
+                "reward": round(metrics.get("reward/mean", 0.0), 4),
+                "samples": int(metrics.get("samples", 0)),
+            },
+        )

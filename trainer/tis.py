@@ -1,0 +1,104 @@
+"""Truncated importance sampling for the rollout/trainer mismatch (spec section 5).
+
+The engine samples with its own numerics (kernels, precision), so its logprobs differ from the
+trainer's for the same weights. The policy loss is re-weighted per token by
+`exp(logp_old_trainer - logp_rollout)`, bounded:
+
+- `token` mode: `w = min(exp(old - rollout), C)`;
+- `mis` mode (slime's richer variant): token, sequence (product) or geometric-mean level;
+  truncate / clip / mask outside `[lower, upper]`; a whole sequence is vetoed when any of its
+  token ratios falls below `veto_threshold`; optional renormalisation to mean 1.
+
+Weights are computed once per rollout batch, without gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.config import TISAction, TISConfig, TISLevel, TISMode
+from trainer.losses import clamp_log_ratio, finite_mask, zero_where_invalid
+
+
+@dataclass(frozen=True)
+class TISResult:
+    weights: torch.Tensor  # per token; 0 where the token does not count
+    valid: torch.Tensor  # bool per token: counted (loss mask and finite logprobs)
+    metrics: dict[str, float]
+
+
+def kish_ess(weights: torch.Tensor) -> float:
+    """Normalised Kish effective sample size `(sum w)^2 / (N * sum w^2)`, in (0, 1]."""
+    n = weights.numel()
+    sq = float((weights.double() ** 2).sum())
+    if n == 0 or sq == 0.0:
+        return 0.0
+    return float(weights.double().sum()) ** 2 / (n * sq)
+
+
+def _per_sample_sum(x: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    return torch.zeros(num_samples, dtype=x.dtype).index_add_(0, sample_index, x)
+
+
+def tis_weights(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    sample_index: torch.Tensor,
+    num_samples: int,
+    cfg: TISConfig,
+) -> TISResult:
+    old_logp, rollout_logp = old_logp.double(), rollout_logp.double()
+    valid = mask.bool() & finite_mask(old_logp, rollout_logp)
+    log_r = zero_where_invalid(clamp_log_ratio(old_logp - rollout_logp, cfg.log_ratio_clamp), valid)
+    n_valid = int(valid.sum())
+    vetoed_samples = 0
+    if cfg.mode == TISMode.OFF:
+        w = valid.double()
+        modified = torch.zeros_like(valid)
+    elif cfg.mode == TISMode.TOKEN:
+        raw = torch.exp(log_r)
+        modified = valid & (raw > cfg.cap)
+        w = raw.clamp(max=cfg.cap)
+    else:
+        if cfg.level == TISLevel.TOKEN:
+            log_w = log_r
+        else:
+            seq = _per_sample_sum(log_r, sample_index, num_samples)
+            if cfg.level == TISLevel.GEOMETRIC:
+                counts = _per_sample_sum(valid.double(), sample_index, num_samples)
+                seq = seq / counts.clamp(min=1.0)
+            log_w = clamp_log_ratio(seq, cfg.log_ratio_clamp)[sample_index]
+        raw = torch.exp(log_w)
+        outside_hi = raw > cfg.upper
+        outside_lo = raw < cfg.lower
+        if cfg.action == TISAction.TRUNCATE:
+            w, modified = raw.clamp(max=cfg.upper), outside_hi
+        elif cfg.action == TISAction.CLIP:
+            w, modified = raw.clamp(cfg.lower, cfg.upper), outside_hi | outside_lo
+        else:
+            modified = outside_hi | outside_lo
+            w = torch.where(modified, torch.zeros_like(raw), raw)
+        modified = modified & valid
+        if cfg.veto_threshold is not None:
+            low = (valid & (torch.exp(log_r) < cfg.veto_threshold)).double()
+            veto = _per_sample_sum(low, sample_index, num_samples) > 0
+            vetoed_samples = int(veto.sum())
+            w = torch.where(veto[sample_index], torch.zeros_like(w), w)
+    w = zero_where_invalid(w, valid)
+    if cfg.renormalize and cfg.mode != TISMode.OFF and n_valid > 0:
+        mean = w.sum() / n_valid
+        if mean > 0:
+            w = w / mean
+    live = _per_sample_sum(valid.double(), sample_index, num_samples) > 0
+    wv = w[valid]
+    metrics = {
+        "tis/weight_mean": float(wv.mean()) if n_valid else 0.0,
+        "tis/weight_max": float(wv.max()) if n_valid else 0.0,
+        "tis/clip_fraction": float(modified.sum()) / n_valid if n_valid else 0.0,
+        "tis/veto_fraction": vetoed_samples / max(int(live.sum()), 1),
+        "tis/effective_sample_size": kish_ess(wv),
+    }
+    return TISResult(weights=w.float(), valid=valid, metrics=metrics)

@@ -1,0 +1,117 @@
+"""Pushing the trainer's weights to the inference engines and bumping the weight version.
+
+`disk`: export a Hugging Face directory, then `POST /update_weights_from_disk` on every engine.
+`distributed`: `inference.weight_sync.WeightSender` broadcasts the tensors (gloo on CPU, NCCL on
+GPU) to engines that joined its process group. The inference package is imported lazily: the
+trainer runs (with `mode: none`) without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.backend import TrainerBackend
+from trainer.config import PushMode, WeightPushConfig
+from trainer.metrics import PUSH_SECONDS, WEIGHT_VERSION
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    weight_version: int
+    seconds: float
+    bytes: int
+
+
+class WeightPusher:
+    def __init__(self, cfg: WeightPushConfig, *, token: str | None = None) -> None:
+        if cfg.mode != PushMode.NONE and not cfg.engine_urls:
+            raise ValueError(f"trainer.weight_push.mode={cfg.mode.value} needs engine_urls")
+        if cfg.mode == PushMode.DISK and not cfg.disk_dir:
+            raise ValueError("trainer.weight_push.mode=disk needs disk_dir")
+        self.cfg = cfg
+        self.token = token
+        self._sender: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.mode != PushMode.NONE
+
+    def due(self, step: int) -> bool:
+        return self.enabled and step % self.cfg.every_steps == 0
+
+    async def connect(self) -> None:
+        if self.cfg.mode != PushMode.DISTRIBUTED or self._sender is not None:
+            return
+        from inference.weight_sync import WeightSender
+
+        sender = WeightSender(
+            self.cfg.engine_urls,
+            master_addr=self.cfg.master_addr,
+            master_port=self.cfg.master_port,
+            backend=self.cfg.backend,
+            bucket_bytes=self.cfg.bucket_bytes,
+            token=self.token,
+        )
+        await sender.connect()
+        self._sender = sender  # only once connected: a failed connect is retried next push
+
+    async def push(self, backend: TrainerBackend, step: int) -> PushResult | None:
+        """Collective over trainer ranks (gathering full tensors); the main rank sends."""
+        start = time.perf_counter()
+        if self.cfg.mode == PushMode.DISK:
+            assert self.cfg.disk_dir is not None
+            out = await asyncio.to_thread(
+                backend.export_hf, Path(self.cfg.disk_dir) / f"step_{step:08d}"
+            )
+            if out is None:
+                return None
+            version, nbytes = await self._update_from_disk(str(out)), _dir_bytes(out)
+        else:
+            named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
+            if not backend.is_main:
+                return None
+            await self.connect()
+            try:
+                stats = await self._sender.push(named)
+            except Exception:
+                # The weight group may be broken (an engine restarted): rebuild it next time.
+                with contextlib.suppress(Exception):
+                    await self.close()
+                self._sender = None
+                raise
+            version, nbytes = int(stats.weight_version), int(stats.bytes)
+        seconds = time.perf_counter() - start
+        PUSH_SECONDS.observe(seconds)
+        WEIGHT_VERSION.set(version)
+        log.info(
+            "weights pushed",
+            extra={"step": step, "weight_version": version, "seconds": seconds, "bytes": nbytes},
+        )
+        return PushResult(version, seconds, nbytes)
+
+    async def _update_from_disk(self, path: str) -> int:
+        from inference.client import InferenceClient
+
+        clients = [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
+        try:
+            versions = await asyncio.gather(*(c.update_weights_from_disk(path) for c in clients))
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+        return max(versions)
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            await self._sender.close()
+            self._sender = None
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
