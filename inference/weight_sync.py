@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -74,7 +75,8 @@ class WeightSender:
         self.master_addr = master_addr
         self.master_port = master_port
         self.backend = backend
-        self.group_name = group_name
+        self.base_group_name = group_name
+        self.group_name = group_name  # the registered name: set per connection
         self.bucket_bytes = bucket_bytes
         self.pause_mode = pause_mode
         self.timeout_s = timeout_s
@@ -87,6 +89,10 @@ class WeightSender:
     async def connect(self) -> None:
         """Create the group: engines join as ranks 1..N, this process is rank 0."""
         world = len(self._clients) + 1
+        # A fresh name per connection: a group that a failed push could not tear down (its
+        # collective thread is still blocked) stays registered under its name in this
+        # process, and reusing that name would make every later connect fail.
+        self.group_name = f"{self.base_group_name}-{secrets.token_hex(4)}"
         host = _in_daemon_thread(
             functools.partial(
                 new_weight_group,
@@ -99,19 +105,27 @@ class WeightSender:
                 timeout_s=self.timeout_s,
             )
         )
-        joins = [
-            c.init_weights_update_group(
-                master_address=self.master_addr,
-                master_port=self.master_port,
-                rank_offset=i + 1,
-                world_size=world,
-                group_name=self.group_name,
-                backend=self.backend,
-            )
-            for i, c in enumerate(self._clients)
-        ]
-        results = await asyncio.gather(*joins, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        joins = asyncio.gather(
+            *(
+                c.init_weights_update_group(
+                    master_address=self.master_addr,
+                    master_port=self.master_port,
+                    rank_offset=i + 1,
+                    world_size=world,
+                    group_name=self.group_name,
+                    backend=self.backend,
+                )
+                for i, c in enumerate(self._clients)
+            ),
+            return_exceptions=True,
+        )
+        # If our own rank 0 fails, the engines would wait for it until their timeout: fail
+        # fast instead of awaiting their joins.
+        await asyncio.wait({host, joins}, return_when=asyncio.FIRST_EXCEPTION)
+        if host.done() and host.exception() is not None:
+            joins.cancel()
+            raise host.exception()  # type: ignore[misc]
+        errors = [r for r in await joins if isinstance(r, BaseException)]
         if errors:
             # The rendezvous thread stays blocked until its timeout; it is a daemon thread,
             # so it does not keep the process alive.

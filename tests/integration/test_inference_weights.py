@@ -147,3 +147,13 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
     finally:
         await sender.close()
     assert (await client.generate(PROMPT, max_new_tokens=2)).completion_tokens == 2
+    # The failed push leaves a collective thread and a group behind in this process; a new
+    # sender must still connect and push (it used to wait for its dead rank 0 forever).
+    before = (await client.get_model_info())["weight_version"]
+    again = WeightSender([server.url], master_port=free_port())
+    try:
+        await asyncio.wait_for(again.connect(), timeout=60)
+        stats = await asyncio.wait_for(again.push(tensors.items()), timeout=60)
+    finally:
+        await again.close()
+    assert stats.weight_version == before + 1
