@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -194,11 +195,11 @@ class Supervisor:
             raise ChildFailed(spec.name, reason, tail)
         return True
 
-    def run(self, on_tick: object = None) -> None:
+    def run(self, on_tick: Callable[[], None] | None = None) -> None:
         """Supervise until a finishing child exits 0; stops everything on the way out."""
         try:
             while self.check():
-                if callable(on_tick):
+                if on_tick is not None:
                     on_tick()
                 time.sleep(self.poll_s)
         finally:
