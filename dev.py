@@ -106,17 +106,7 @@ def run_tests(args: list[str]) -> int:
 
 
 def run_demo(args: list[str]) -> int:
-    env = _env()
-    probe = subprocess.run(
-        [_bin("searchr1"), "demo", "--help"], cwd=ROOT, env=env, capture_output=True
-    )
-    if probe.returncode != 0:
-        print(
-            "dev.py: `searchr1 demo` is not built yet (see README, 'Status'); it will run the "
-            "whole stack locally and train a tiny model to search."
-        )
-        return 2
-    return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=env)
+    return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=_env())
 
 
 def main() -> int:

@@ -51,6 +51,7 @@ def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:
         out = {m: sum(s.reward_components.get(m, 0.0) for s in group) / n for m in METRICS}
         out["n"] = n
         out["searches_mean"] = sum(t.action == "search" for s in group for t in s.turns) / n
+        out["response_tokens_mean"] = sum(len(s.response_ids) for s in group) / n
         out["errors"] = sum(s.status == Status.ERROR for s in group)
         return out
 

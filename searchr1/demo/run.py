@@ -159,7 +159,7 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     from searchr1.local.launcher import build_specs, searchr1_command
     from searchr1.local.supervisor import Supervisor
 
-    cfg = load_config(stack, inference={"model_path": str(model_dir)})
+    cfg = load_config(stack)
     cfg.local.services = ["retriever", "inference"]
     specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
     for spec in specs:
@@ -201,7 +201,7 @@ def plot(metrics_jsonl: Path, before: float, after: float, out: Path) -> None:
 
 
 def summary_row(result: dict[str, Any]) -> dict[str, float]:
-    overall = result.get("overall", result)
+    overall = result["overall"]
     return {
         "em": float(overall.get("em", 0.0)),
         "sub_em": float(overall.get("sub_em", 0.0)),

@@ -42,6 +42,10 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path) -> None:
     before = json.loads((out / "eval_before.json").read_text())
     after = json.loads((out / "eval_after.json").read_text())
     assert before["overall"]["n"] == after["overall"]["n"] == 8
+    assert after["overall"]["response_tokens_mean"] > 0
+    assert float(values["response_length_after"]) == pytest.approx(
+        after["overall"]["response_tokens_mean"], abs=1e-3
+    )
     assert after["model_path"].endswith("model-trained")
     assert (out / "demo.png").stat().st_size > 1000
 

@@ -341,6 +341,7 @@ def test_eval_command(stack: Stack, tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     toy = result["per_source"]["toy"]
     assert toy["n"] == 4 and toy["errors"] == 0
+    assert toy["response_tokens_mean"] > 0  # the demo's before/after table reads it
     # Greedy: facts 0, 1 and 3 are answered right; fact 2 runs out of turns (slime max_turns=2).
     assert toy["em"] == pytest.approx(0.75)
     assert result["macro"]["em"] == pytest.approx(0.75)
