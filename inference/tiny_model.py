@@ -148,6 +148,7 @@ def make_tiny_model(
     vocab_size: int = 2048,
     max_position_embeddings: int = 4096,
     lm_head_std: float = 0.3,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Write a tiny Qwen2 model + tokenizer to `out_dir` (created) and return it."""
     import torch
@@ -177,7 +178,7 @@ def make_tiny_model(
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -188,9 +189,12 @@ def make_tiny_model(
     # The default init (std 0.02) gives near-uniform next-token distributions. A larger output
     # projection (untied) gives logits of std ~2-3: peaked but not saturated, so sampling,
     # logprobs and greedy outputs all depend visibly on the weights (tests need that).
-    with torch.no_grad():
-        model.model.embed_tokens.weight.normal_(0.0, 1.0)
-        model.lm_head.weight.normal_(0.0, lm_head_std)
+    # Models that will be trained (the demo) tie the embeddings and keep the default init:
+    # tied, copying a token from the context is one attention step for any token.
+    if not tie_word_embeddings:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.normal_(0.0, 1.0)
+            model.lm_head.weight.normal_(0.0, lm_head_std)
     model.save_pretrained(out_dir, safe_serialization=True)
     # Like Qwen2.5's instruct models: both <|im_end|> and <|endoftext|> end a generation.
     _write_generation_config(

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+
+if TYPE_CHECKING:
+    from searchr1.config import StackConfig
 
 app = typer.Typer(
     help="Multi-turn search rollouts, rewards, and the trajectory stream into Redis.",
@@ -24,6 +27,32 @@ data_app = typer.Typer(help="Datasets in the Search-R1 row format.", no_args_is_
 def _fail(msg: str) -> typer.Exit:
     typer.secho(f"error: {msg}", err=True, fg=typer.colors.RED)
     return typer.Exit(2)
+
+
+def check_enough_data(cfg: StackConfig, n_prompts: int) -> None:
+    """DataError unless the rollouts feed every step the trainer is configured to take.
+
+    Otherwise the orchestrator finishes its data and the trainer waits for groups forever.
+    """
+    from orchestrator.data import DataError
+
+    orch, trainer = cfg.orchestrator, cfg.trainer
+    if trainer.max_steps is None:
+        return
+    steps = n_prompts * orch.epochs // orch.rollout.prompts_per_step
+    if orch.max_steps is not None:
+        steps = min(steps, orch.max_steps)
+    groups = steps * orch.rollout.prompts_per_step
+    needed = trainer.max_steps * trainer.batch.groups_per_step
+    if groups < needed:
+        raise DataError(
+            f"the rollouts publish {groups} groups ({n_prompts} prompts x orchestrator.epochs "
+            f"{orch.epochs} // rollout.prompts_per_step {orch.rollout.prompts_per_step}"
+            + (f", capped by orchestrator.max_steps {orch.max_steps}" if orch.max_steps else "")
+            + f") but trainer.max_steps {trainer.max_steps} x batch.groups_per_step "
+            f"{trainer.batch.groups_per_step} needs {needed}: raise orchestrator.epochs or "
+            "lower trainer.max_steps"
+        )
 
 
 @app.command("show-config")
@@ -58,7 +87,8 @@ def run(
         raise _fail("orchestrator.data.train_path is not set (or pass --data)")
     try:  # everything that can be checked without the other services fails here, not later
         Scorer(orch.reward)
-        load_prompts(orch.data.train_path, orch.data.max_prompts)
+        prompts = load_prompts(orch.data.train_path, orch.data.max_prompts)
+        check_enough_data(cfg, len(prompts))
         if orch.data.val_path:
             load_prompts(orch.data.val_path)
         if orch.rollout.custom_generate:

@@ -64,6 +64,26 @@ class StackConfig(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _backlog_holds_the_unacked_window(self) -> StackConfig:
+        # The trainer acknowledges trajectories only once a checkpoint holds them, so up to
+        # `checkpoint.every_steps` trained steps stay unacked while it gathers the next one. The
+        # bus blocks publishing at `max_backlog` unacked entries: a smaller bound starves the
+        # trainer of its next step and both wait forever.
+        trainer = self.trainer
+        held = trainer.checkpoint.every_steps if trainer.checkpoint.dir else 0
+        per_step = trainer.batch.groups_per_step * self.orchestrator.rollout.group_size
+        need = (held + 1) * per_step
+        if self.bus.max_backlog < need:
+            raise ValueError(
+                f"bus.max_backlog ({self.bus.max_backlog}) must be at least {need}: "
+                f"(trainer.checkpoint.every_steps {held} + 1) x trainer.batch.groups_per_step "
+                f"{trainer.batch.groups_per_step} x orchestrator.rollout.group_size "
+                f"{self.orchestrator.rollout.group_size}, the trajectories the trainer holds "
+                "unacknowledged until its next checkpoint plus one step"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -13,18 +13,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import math
+import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from searchr1.demo.warmstart import WarmStartConfig, build_demos, sft
+from inference.tiny_model import default_corpus, make_tiny_model
+from searchr1.demo.warmstart import DemoSampler, WarmStartConfig, sft
 from searchr1.demo.world import World, generate_world, write_world
 from searchr1.redis_server import free_port
 
@@ -38,12 +40,14 @@ class DemoConfig:
     out_dir: Path = Path("runs/demo")
     seed: int = 0
     n_people: int = 400
-    hidden_size: int = 64
+    hidden_size: int = 128
     num_layers: int = 2
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     rl_steps: int = 30
     eval_limit: int | None = None
     quick: bool = False
+    # The warm start runs alone (no services yet), so by default it uses every core.
+    warm_start_threads: int | None = None
 
     @classmethod
     def quick_mode(cls, out_dir: Path, seed: int = 0) -> DemoConfig:
@@ -52,10 +56,18 @@ class DemoConfig:
             out_dir=out_dir,
             seed=seed,
             n_people=60,
-            warm_start=WarmStartConfig(steps=20, batch_size=8, seed=seed),
+            warm_start=WarmStartConfig(
+                copy_steps=10,
+                copy_batch_size=8,
+                format_steps=5,
+                mix_steps=5,
+                batch_size=8,
+                seed=seed,
+            ),
             rl_steps=2,
             eval_limit=8,
             quick=True,
+            warm_start_threads=1,
         )
 
 
@@ -78,48 +90,41 @@ def _write_rows(world: World, out: Path) -> dict[str, Path]:
     return paths
 
 
-def build_policy(cfg: DemoConfig, world: World, index_dir: Path) -> Path:
+def tokenizer_corpus(world: World) -> tuple[list[str], int]:
+    """(training text, vocabulary size) with which BPE makes every made-up name one token."""
+    names = world.entity_names()
+    texts = default_corpus(0) + _world_texts(world) + [" " + " ".join(names)] * 30
+    # the base vocabulary + each name with the merges that build it
+    return texts, 2048 + 4 * len(names)
+
+
+def build_policy(cfg: DemoConfig, world: World) -> Path:
     """The tiny model, warm-started on demonstrations; returns its HF directory."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from inference.tiny_model import default_corpus, make_tiny_model
-    from retriever.config import RetrieverConfig
-    from retriever.engine import RetrieverEngine
-
+    texts, vocab_size = tokenizer_corpus(world)
     base = make_tiny_model(
         cfg.out_dir / "model-base",
         seed=cfg.seed,
         hidden_size=cfg.hidden_size,
         num_layers=cfg.num_layers,
-        vocab_corpus=default_corpus(cfg.seed) + _world_texts(world),
+        vocab_corpus=texts,
+        vocab_size=vocab_size,
+        tie_word_embeddings=True,
     )
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base)
-
-    loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(
-        RetrieverEngine.load(RetrieverConfig(index_dir=str(index_dir)))
-    )
-
-    @dataclass(frozen=True)
-    class _Doc:
-        id: str
-        contents: str
-
-    def search(query: str) -> list[_Doc]:
-        hits = loop.run_until_complete(engine.search([query], 3))[0]
-        return [_Doc(str(row["id"]), row["contents"]) for row, _score in hits]
-
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.warm_start_threads or os.cpu_count() or 1)
     try:
-        demos = build_demos(world, tok, search, cfg.warm_start)
+        losses = sft(model, DemoSampler(world, tok, cfg.warm_start), cfg.warm_start)
     finally:
-        loop.run_until_complete(engine.aclose())
-        loop.close()
-    losses = sft(model, demos, cfg.warm_start)
+        torch.set_num_threads(threads)
     warm = cfg.out_dir / "model-warm"
     model.save_pretrained(warm)
     tok.save_pretrained(warm)
-    log.info("warm start done", extra={"final_loss": round(losses[-1], 4), "demos": len(demos)})
+    log.info("warm start done", extra={"final_loss": round(losses[-1], 4)})
     return warm
 
 
@@ -131,6 +136,11 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     data["inference"]["model_path"] = str(model_dir.resolve())
     data["orchestrator"]["data"]["train_path"] = str(rows["train"].resolve())
     data["orchestrator"]["max_steps"] = cfg.rl_steps
+    # As many passes over the training questions as the RL steps need (else the trainer would
+    # wait for steps the data cannot give: the orchestrator refuses to start).
+    n_train = len(rows["train"].read_text().splitlines())
+    per_step = data["orchestrator"]["rollout"]["prompts_per_step"]
+    data["orchestrator"]["epochs"] = math.ceil(cfg.rl_steps * per_step / n_train)
     data["trainer"]["model"]["path"] = str(model_dir.resolve())
     data["trainer"]["max_steps"] = cfg.rl_steps
     data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")
@@ -217,13 +227,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
 
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    # Demonstrations show as many documents per search as RL rollouts will get.
+    topk = yaml.safe_load(CONFIG_TEMPLATE.read_text())["orchestrator"]["search"]["topk"]
+    cfg = replace(cfg, warm_start=replace(cfg.warm_start, topk=topk))
     world = generate_world(cfg.seed, n_people=cfg.n_people)
     files = write_world(world, cfg.out_dir / "world")
     rows = _write_rows(world, cfg.out_dir / "data")
     # MiniLM was trained without e5's "query: "/"passage: " prefixes.
     index_dir = cfg.out_dir / "index"
     build_index(files["corpus"], index_dir, BuildConfig(query_prefix="", passage_prefix=""))
-    warm = build_policy(cfg, world, index_dir)
+    warm = build_policy(cfg, world)
     stack = write_stack_config(cfg, index_dir, warm, rows)
 
     before = evaluate(stack, warm, rows["test"], cfg.out_dir / "eval_before.json", cfg.eval_limit)

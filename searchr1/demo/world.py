@@ -1,9 +1,9 @@
 """A synthetic knowledge world for the demo: facts a model cannot know without searching.
 
-Fictional people, towns and countries with made-up names; passages in the Search-R1 corpus
-format (`contents` = quoted title line + body); single-hop questions (a person's birthplace,
-one search) and two-hop questions (the country of a person's birthplace, two searches).
-Everything is a pure function of the seed.
+Fictional people, towns and countries with made-up one-word names; passages in the Search-R1
+corpus format (`contents` = quoted title line + body); single-hop questions (a person's
+birthplace, one search) and two-hop questions (the country of a person's birthplace, two
+searches). Everything is a pure function of the seed.
 """
 
 from __future__ import annotations
@@ -52,18 +52,30 @@ class World:
 
     def corpus_rows(self) -> list[dict[str, str]]:
         """Search-R1 corpus rows: `{"id", "contents": "\\"Title\\"\\nbody"}`."""
-        rows = []
-        for p in self.people:
-            body = f"{p.name} is a {p.profession} who was born in {p.town}."
-            rows.append(f'"{p.name}"\n{body}')
-        for t in self.towns:
-            rows.append(f'"{t.name}"\n{t.name} is a town in {t.country}.')
-        for c in self.countries:
-            rows.append(f'"{c}"\n{c} is a country far away.')
+        rows = [person_passage(p) for p in self.people]
+        rows += [town_passage(t) for t in self.towns]
+        rows += [f'"{c}"\n{c} is a country far away.' for c in self.countries]
         return [{"id": str(i), "contents": c} for i, c in enumerate(rows)]
+
+    def entity_names(self) -> list[str]:
+        """Every made-up name (people, towns, countries): the demo tokenizer's whole words."""
+        return [p.name for p in self.people] + [t.name for t in self.towns] + self.countries
 
     def split(self, split: str) -> list[Question]:
         return [q for q in self.questions if q.split == split]
+
+
+def person_passage(p: Person) -> str:
+    return f'"{p.name}"\n{p.name} is a {p.profession} who was born in {p.town}.'
+
+
+def town_passage(t: Town) -> str:
+    return f'"{t.name}"\n{t.name} is a town in {t.country}.'
+
+
+def person_of(q: Question) -> str:
+    """The person a question asks about ("In which town was X born?" -> X)."""
+    return q.question.split(" was ", 1)[1].removesuffix(" born?")
 
 
 def _word(rng: random.Random, syllables: int) -> str:
@@ -99,10 +111,10 @@ def generate_world(
     town_names = _unique_words(rng, n_towns, 2, taken)
     towns = [Town(name, countries[i % n_countries]) for i, name in enumerate(town_names)]
     people = []
-    for _ in range(n_people):
-        first, last = _unique_words(rng, 2, 2, taken)
-        town = rng.choice(towns)
-        people.append(Person(f"{first} {last}", town.name, rng.choice(PROFESSIONS)))
+    # One word of three syllables per person: the demo's tokenizer makes every name a single
+    # token, so answering from a passage is copying one token (see warmstart.py).
+    for name in _unique_words(rng, n_people, 3, taken):
+        people.append(Person(name, rng.choice(towns).name, rng.choice(PROFESSIONS)))
     country_of = {t.name: t.country for t in towns}
     questions = []
     for p in people:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from orchestrator.observation import format_docs, observation_text
-from searchr1.demo.warmstart import WarmStartConfig, build_demos, sft
+from orchestrator.observation import observation_text
+from searchr1.demo.warmstart import DemoSampler, WarmStartConfig, sft
 from searchr1.demo.world import generate_world
-
-
-@dataclass(frozen=True)
-class Doc:
-    id: str
-    contents: str
 
 
 @pytest.fixture(scope="module")
@@ -26,56 +21,86 @@ def tokenizer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def exact_search(world):  # type: ignore[no-untyped-def]
-    rows = {r["contents"].split("\n")[0].strip('"'): r for r in world.corpus_rows()}
-
-    def search(query: str) -> list[Doc]:
-        row = rows[query]
-        return [Doc(row["id"], row["contents"])]
-
-    return search
+def _split(demo, tokenizer) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """(model text, observation text) of a demo's response."""
+    pairs = list(zip(demo.response_ids, demo.loss_mask, strict=True))
+    model = tokenizer.decode([t for t, m in pairs if m == 1])
+    obs = tokenizer.decode([t for t, m in pairs if m == 0])
+    return model, obs
 
 
-def test_demos_follow_the_rollout_format_token_by_token(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_searching_demos_follow_the_rollout_format(tokenizer) -> None:  # type: ignore[no-untyped-def]
     world = generate_world(0, n_people=30)
-    demos = build_demos(world, tokenizer, exact_search(world), WarmStartConfig(search_rate=1.0))
-    train = world.split("train")
-    assert len(demos) == len(train)
-    for demo, q in zip(demos, train, strict=True):
-        assert demo.searched
+    sampler = DemoSampler(world, tokenizer, WarmStartConfig(topk=3))
+    rng = random.Random(0)
+    hops_seen = set()
+    for _ in range(40):
+        demo = sampler.sample(rng, searched=True)
         text = tokenizer.decode(demo.response_ids)
+        hops = text.count("<search>")
+        hops_seen.add(hops)
         assert text.startswith("<think>")
-        assert text.endswith(f"<answer> {q.answers[0]} </answer>")
-        assert text.count("<search>") == q.hops
-        # Observation spans carry loss mask 0 and decode to the exact observation text.
-        masked = [t for t, m in zip(demo.response_ids, demo.loss_mask, strict=True) if m == 0]
-        obs = tokenizer.decode(masked)
-        assert obs.startswith("\n\n<information>Doc 1(Title: ")
-        assert obs.count("</information>\n\n") == q.hops
-        model_text = tokenizer.decode(
-            [t for t, m in zip(demo.response_ids, demo.loss_mask, strict=True) if m == 1]
-        )
-        assert "<information>" not in model_text
+        assert text.endswith(f"<answer> {demo.answer} </answer>")
+        model_text, obs = _split(demo, tokenizer)
+        assert "<information>" not in model_text  # observations carry loss mask 0
+        assert obs.count("\n\n<information>Doc 1(Title: ") == hops
+        assert obs.count("</information>\n\n") == hops
+        assert obs.count("Doc 3(Title: ") == hops and "Doc 4" not in obs  # topk documents
+        # The answer is in the last observation's first document, as copying needs.
+        last_doc = obs.rsplit("<information>Doc 1", 1)[1].split("Doc 2", 1)[0]
+        assert f" {demo.answer}." in last_doc
+    assert hops_seen == {1, 2}
 
 
-def test_observation_matches_the_orchestrator_formatting(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_observation_tokens_are_the_orchestrators(tokenizer) -> None:  # type: ignore[no-untyped-def]
     world = generate_world(0, n_people=10)
-    search = exact_search(world)
-    demo = build_demos(world, tokenizer, search, WarmStartConfig(search_rate=1.0))[0]
-    q = world.split("train")[0]
-    person = q.question.split(" was ")[1].removesuffix(" born?")
-    expected = tokenizer.encode(observation_text(format_docs(search(person))),
-                                add_special_tokens=False)  # fmt: skip
+    demo = DemoSampler(world, tokenizer, WarmStartConfig(two_hop_fraction=0.0)).sample(
+        random.Random(1), searched=True
+    )
+    _, obs = _split(demo, tokenizer)
+    m = re.fullmatch(
+        r'\n\n<information>Doc 1\(Title: "(\w+)"\) \1 is an? \w+ who was born in (\w+)\.'
+        r"</information>\n\n",
+        obs,
+    )
+    assert m is not None, obs
+    assert m.group(2) == demo.answer
+    body = obs.removeprefix("\n\n<information>").removesuffix("</information>\n\n")
+    expected = tokenizer.encode(observation_text(body), add_special_tokens=False)
     start = demo.loss_mask.index(0)
     assert demo.response_ids[start : start + len(expected)] == expected
 
 
-def test_search_rate_controls_the_mix(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    world = generate_world(0, n_people=200)
-    demos = build_demos(world, tokenizer, exact_search(world), WarmStartConfig(search_rate=0.3))
-    rate = sum(d.searched for d in demos) / len(demos)
+def test_facts_are_random_so_only_copying_helps(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    world = generate_world(0, n_people=5)
+    sampler = DemoSampler(world, tokenizer, WarmStartConfig(two_hop_fraction=0.0))
+    rng = random.Random(0)
+    answers: dict[str, set[str]] = {}
+    for _ in range(60):
+        demo = sampler.sample(rng, searched=True)
+        name = re.search(r"<search> (\w+) </search>", tokenizer.decode(demo.response_ids))
+        assert name is not None
+        answers.setdefault(name.group(1), set()).add(demo.answer)
+    assert set(answers) <= {p.name for p in world.people}
+    assert all(len(towns) > 1 for towns in answers.values())
+
+
+def test_phases_and_the_search_rate(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    world = generate_world(0, n_people=20)
+    cfg = WarmStartConfig(copy_steps=1, format_steps=1, mix_steps=4, batch_size=50)
+    copy, fmt, mix = cfg.phases()
+    sampler = DemoSampler(world, tokenizer, cfg)
+    rng = random.Random(0)
+    [copy_batch] = sampler.batches(copy, rng)
+    [fmt_batch] = sampler.batches(fmt, rng)
+    mixed = [d for batch in sampler.batches(mix, rng) for d in batch]
+    assert all(d.searched for d in copy_batch + fmt_batch)
+    # The copy phase uses a short prompt; the others the full Search-R1 instruction.
+    assert "Answer the given question" not in tokenizer.decode(copy_batch[0].prompt_ids)
+    assert "Answer the given question" in tokenizer.decode(fmt_batch[0].prompt_ids)
+    rate = sum(d.searched for d in mixed) / len(mixed)
     assert 0.2 < rate < 0.4
-    guessed = [d for d in demos if not d.searched]
+    guessed = [d for d in mixed if not d.searched]
     assert all(0 not in d.loss_mask for d in guessed)  # no observation without a search
 
 
@@ -85,6 +110,8 @@ def test_sft_lowers_the_loss(tiny_model_dir: Path, tokenizer) -> None:  # type: 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     world = generate_world(0, n_people=20)
-    demos = build_demos(world, tokenizer, exact_search(world), WarmStartConfig())
-    losses = sft(model, demos, WarmStartConfig(steps=12, batch_size=4, lr=3e-3))
+    cfg = WarmStartConfig(copy_steps=12, copy_batch_size=4, format_steps=0, mix_steps=0)
+    losses = sft(model, DemoSampler(world, tokenizer, cfg), cfg)
+    assert len(losses) == 12
     assert losses[-1] < losses[0] * 0.8
+    assert not model.training

@@ -57,3 +57,19 @@ def test_write_world_files(tmp_path: Path) -> None:
 def test_bad_fractions_are_rejected() -> None:
     with pytest.raises(ValueError, match="test_fraction"):
         generate_world(0, test_fraction=1.5)
+
+
+def test_the_demo_tokenizer_makes_every_name_one_token(tmp_path: Path) -> None:
+    """Copying an answer from a passage is then a single token (what the tiny model can learn)."""
+    from transformers import AutoTokenizer
+
+    from inference.tiny_model import make_tiny_model
+    from searchr1.demo.run import tokenizer_corpus
+
+    world = generate_world(0, n_people=50)
+    texts, vocab_size = tokenizer_corpus(world)
+    model_dir = make_tiny_model(tmp_path / "m", hidden_size=16, num_layers=1,
+                                vocab_corpus=texts, vocab_size=vocab_size)  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lengths = {n: len(tok.encode(" " + n, add_special_tokens=False)) for n in world.entity_names()}
+    assert set(lengths.values()) == {1}, {n: k for n, k in lengths.items() if k != 1}

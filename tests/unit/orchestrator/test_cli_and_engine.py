@@ -167,3 +167,30 @@ async def test_abort_retries_are_bounded(tokenizer) -> None:  # type: ignore[no-
     [s] = new_group(PROMPT, ids, group_size=1, rollout_step=0, run_id="r")
     await rollout.run_sample(s)
     assert s.status == Status.ABORTED and len(engine.calls) == 2
+
+
+def test_run_rejects_data_too_short_for_the_trainers_steps(tmp_path: Path) -> None:
+    """10 prompts / 4 per step = 2 steps, but the trainer wants 3: it would wait forever."""
+    rows = tmp_path / "rows.jsonl"
+    row = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "reward_model": {"ground_truth": {"target": ["a"]}},
+    }
+    rows.write_text((json.dumps(row) + "\n") * 10)
+    stack = {
+        "redis": {"url": "redis://127.0.0.1:1/0"},
+        "orchestrator": {"data": {"train_path": str(rows)}, "rollout": {"prompts_per_step": 4}},
+        "trainer": {"max_steps": 3, "batch": {"groups_per_step": 4}},
+    }
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(stack))
+    result = CliRunner().invoke(app, ["orchestrator", "run", "--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "trainer.max_steps 3" in result.output and "orchestrator.epochs" in result.output
+
+    from orchestrator.cli import check_enough_data
+    from searchr1.config import StackConfig
+
+    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), 12)  # 3 steps: enough
+    stack["orchestrator"]["epochs"] = 2  # type: ignore[index]
+    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), 10)  # 5 steps

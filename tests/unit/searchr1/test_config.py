@@ -26,12 +26,12 @@ def test_defaults_without_a_file() -> None:
 
 
 def test_yaml_sections_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, "retriever:\n  http:\n    port: 9100\nbus:\n  max_backlog: 12\n")
+    path = write(tmp_path, "retriever:\n  http:\n    port: 9100\nbus:\n  max_backlog: 3000\n")
     assert load_config(path).retriever.http.port == 9100
     monkeypatch.setenv("SEARCHR1_RETRIEVER__HTTP__PORT", "9200")
     cfg = load_config(path)
     assert cfg.retriever.http.port == 9200  # env beats the file
-    assert cfg.bus.max_backlog == 12  # the rest of the file still applies
+    assert cfg.bus.max_backlog == 3000  # the rest of the file still applies
 
 
 def test_invalid_value_names_the_field(tmp_path: Path) -> None:
@@ -106,3 +106,19 @@ def test_sync_mode_needs_matching_batch_sizes(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"prompts_per_step \(16\) must equal .*\(32\)"):
         load_config(write(tmp_path, text))
     load_config(write(tmp_path, text.replace("sync", "async")))  # async may differ
+
+
+def test_backlog_must_hold_the_trainers_unacked_window(tmp_path: Path) -> None:
+    """The trainer acks at checkpoints: a smaller bus bound would deadlock the two services."""
+    text = (
+        "bus:\n  max_backlog: 1000\n"
+        "orchestrator:\n  rollout:\n    group_size: 8\n    prompts_per_step: 16\n"
+        "trainer:\n  batch:\n    groups_per_step: 16\n"
+        "  checkpoint:\n    dir: /tmp/ckpt\n    every_steps: 10\n"
+    )
+    with pytest.raises(ConfigError, match=r"bus\.max_backlog \(1000\) must be at least 1408"):
+        load_config(write(tmp_path, text))
+    assert load_config(write(tmp_path, text.replace("1000", "1408"))).bus.max_backlog == 1408
+    # Without checkpoints the trainer acks after every step: one step must fit.
+    no_ckpt = text.replace("    dir: /tmp/ckpt\n", "").replace("1000", "128")
+    assert load_config(write(tmp_path, no_ckpt)).bus.max_backlog == 128
