@@ -38,6 +38,10 @@ import numpy as np  # noqa: E402
 from retriever import synthetic  # noqa: E402
 from searchr1.redis_server import free_port  # noqa: E402
 
+# The public Search-R1 retrieval server on this machine class, same encoder and 50,000-passage
+# Flat index, one thread per process (issue #3): QPS by concurrency.
+REFERENCE_QPS = {1: 46.0, 8: 64.0, 32: 47.0}
+
 
 def build_cached(args: argparse.Namespace) -> Path:
     from retriever.build import BuildConfig, build_index
@@ -177,7 +181,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument(
-        "--encoder-process", action="store_true", help="dense.encoder_process=true (A/B)"
+        "--encoder-process",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="dense.encoder_process (A/B; auto = a child process on CPU)",
     )
     args = ap.parse_args()
 
@@ -198,7 +205,11 @@ def main() -> None:
                     "cache": {"size": 0},
                     "grpc_port": None,
                     "batching": {"max_batch": 64, "max_wait_ms": args.max_wait_ms},
-                    "dense": {"encoder_process": args.encoder_process},
+                    "dense": {
+                        "encoder_process": {"auto": "auto", "true": True, "false": False}[
+                            args.encoder_process
+                        ]
+                    },
                 },
                 "logging": {"level": "WARNING"},
             }
@@ -267,12 +278,15 @@ def main() -> None:
                 f"encoder_qps_b64_c{conc}": f"{ceiling:.1f}",
                 f"ratio_c{conc}": f"{qps / ceiling:.2f}",
             }
+            if conc in REFERENCE_QPS:
+                summary[f"vs_reference_c{conc}"] = f"{qps / REFERENCE_QPS[conc]:.2f}"
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     summary["flat_faiss_ms_b64"] = f"{ceil['flat_faiss_ms_b64']:.1f}"
     summary["flat_torch_ms_b64"] = f"{ceil['flat_torch_ms_b64']:.1f}"
     summary["rows"] = str(args.rows)
+    summary["encoder_process"] = args.encoder_process
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
 
 

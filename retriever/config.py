@@ -52,10 +52,12 @@ class DenseConfig(Section):
         description="Use this encoder directory instead of the manifest's (index built elsewhere).",
     )
     encode_batch_size: int = Field(default=64, ge=1)
-    # Off by default: on the shared 2-core machine it measured no gain (docs/benchmarks.md).
-    encoder_process: bool = Field(
-        default=False,
-        description="Encode queries in a child process (no GIL shared with the HTTP server).",
+    # auto = a child process on CPU: next to the HTTP event loop an in-process CPU encoder loses
+    # ~20% of its throughput to GIL hand-offs (docs/benchmarks.md); a GPU encoder stays in-process.
+    encoder_process: Literal["auto"] | bool = Field(
+        default="auto",
+        description="Encode queries in a child process (no GIL shared with the HTTP server); "
+        "auto: on CPU yes, on GPU no.",
     )
     # On one CPU core faiss Flat over a batch is slower than a torch matmul + top-k
     # (memory-bound; see docs/benchmarks.md); "auto" uses torch for Flat, faiss otherwise.

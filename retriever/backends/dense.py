@@ -148,7 +148,10 @@ class DenseBackend:
             max_length=m.max_length,
         )
         encoder: Encoder | EncoderProcess
-        if cfg.encoder_process:
+        in_child = cfg.encoder_process
+        if in_child == "auto":
+            in_child = resolve_device(cfg.device) == "cpu"
+        if in_child:
             encoder = EncoderProcess(spec, device=cfg.device, torch_threads=cfg.torch_threads)
         else:
             encoder = Encoder(spec, device=cfg.device)

@@ -71,3 +71,21 @@ def test_encoder_path_resolution(tmp_path):
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
     with pytest.raises(ValueError, match=r"retriever\.dense\.encoder_path"):
         resolve_model_path(str(tmp_path / "moved-away"))
+
+
+def test_cpu_encoder_runs_in_a_child_process_by_default(corpus, tmp_path):
+    """auto: a CPU encoder shares no GIL with the HTTP server; `false` keeps it in-process."""
+    from retriever.encoder import Encoder, EncoderProcess
+
+    build_index(corpus, tmp_path / "idx", BuildConfig(progress=False))
+    query = [next(iter(synthetic.passages(ROWS, words=6)))["contents"]]
+    results = {}
+    for setting, kind in (("auto", EncoderProcess), (False, Encoder)):
+        cfg = RetrieverConfig.model_validate({"dense": {"encoder_process": setting}})
+        backend = load_index_backend(tmp_path / "idx", cfg)
+        try:
+            assert type(backend.encoder) is kind
+            results[setting] = backend.search_batch(query, 3)
+        finally:
+            backend.close()
+    assert [h[0]["id"] for h in results["auto"][0]] == [h[0]["id"] for h in results[False][0]]
