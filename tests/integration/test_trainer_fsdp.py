@@ -47,7 +47,8 @@ def train(info) -> tuple[dict[str, torch.Tensor] | None, list[dict[str, float]]]
 def _failure(proc: subprocess.CompletedProcess[str]) -> str:
     # torchrun's summary hides the cause: keep the ranks' error lines too.
     lines = proc.stderr.splitlines()
-    errors = [ln for ln in lines if "Error" in ln or "error" in ln][:40]
+    causes = ("rror", "xception", "terminate", "what()", "gloo", "Abort", "Traceback")
+    errors = [ln for ln in lines if any(c in ln for c in causes)][:40]
     return "\n".join([*errors, "...", *lines[-30:]])
 
 
@@ -91,6 +92,9 @@ def worker(out: Path) -> None:
     if info.rank == 0:
         torch.save(model_sd, out / "fsdp.pt")
         (out / "metrics.json").write_text(json.dumps({"steps": metrics, "resume_diff": diff}))
+    # Tear down together: a rank that exits while the other still writes its files can abort
+    # in gloo's teardown (seen once in CI: rank 1 SIGABRT, rank 0 then SIGTERMed).
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
