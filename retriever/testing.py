@@ -7,23 +7,21 @@ with RetrieverProcess(index_dir) as rp:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
+from searchr1.local.supervisor import ServiceProcess, ServiceSpec
 from searchr1.redis_server import free_port
 
 
-class RetrieverProcess:
-    """`searchr1 retriever serve` on free loopback ports; `start()` waits for /ready."""
+class RetrieverProcess(ServiceProcess):
+    """`searchr1 retriever serve` on free loopback ports (a `ServiceProcess`: `start()` waits
+    for /ready; a failure carries the log's last lines)."""
 
     def __init__(
         self,
@@ -35,62 +33,28 @@ class RetrieverProcess:
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 180.0,
     ) -> None:
-        self.index_dir = index_dir
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
-        self.config = {"retriever": config or {}, "logging": {"level": "WARNING"}}
-        self.web = web
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        self.ready_timeout_s = ready_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._tmp = tempfile.TemporaryDirectory(prefix="retriever-")
+        super().__init__(ServiceSpec("retriever", [], env=dict(env or {})))
+        cfg = self.child.log_path.parent / "config.yaml"
+        cfg.write_text(json.dumps({"retriever": config or {}, "logging": {"level": "WARNING"}}))
+        cmd = [sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--config", str(cfg)]
+        cmd += ["--port", str(self.port), "--grpc-port", str(self.grpc_port or -1)]
+        if index_dir is not None:
+            cmd += ["--index", str(index_dir)]
+        if web:
+            cmd.append("--web")
+        self.child.spec.command = cmd
+        self.child.spec.ready_url = f"{self.url}/ready"
+        self.child.spec.ready_timeout_s = ready_timeout_s
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def command(self) -> list[str]:
-        cfg = Path(self._tmp.name) / "config.yaml"
-        cfg.write_text(json.dumps(self.config))  # JSON is YAML
-        cmd = [sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--config", str(cfg)]
-        cmd += ["--port", str(self.port), "--grpc-port", str(self.grpc_port or -1)]
-        if self.index_dir is not None:
-            cmd += ["--index", str(self.index_dir)]
-        if self.web:
-            cmd.append("--web")
-        return cmd
-
-    def start(self) -> RetrieverProcess:
-        self.proc = subprocess.Popen(self.command(), env=self.env)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"retriever exited with status {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"retriever not ready after {self.ready_timeout_s}s")
-
-    def stop(self) -> int | None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._tmp.cleanup()
-        return None if self.proc is None else self.proc.returncode
-
     def __enter__(self) -> RetrieverProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.start()
+        return self
 
 
 class FakeSerper:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -226,6 +227,57 @@ class Supervisor:
         for child in self.children:
             if child.proc is not None:
                 _signal_group(child.proc, signal.SIGKILL)
+
+
+class ServiceProcess:
+    """One supervised service process as a context manager: tests, benchmarks, the demo.
+
+        with ServiceProcess(ServiceSpec("engine", cmd, ready_url=...)) as svc:
+            ...
+
+    `start()` returns once the readiness probe passes (ChildFailed with the log tail if the
+    process exits first or is not ready in time); `stop()` is the supervisor's SIGTERM-then-
+    SIGKILL of the whole process group and returns the exit status. Logs go to `log_dir` (a
+    temporary directory by default, removed on exit).
+    """
+
+    def __init__(self, spec: ServiceSpec, log_dir: Path | None = None, *, grace_s: float = 30.0):
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"searchr1-{spec.name}-")
+            log_dir = Path(self._tmp.name)
+        self.supervisor = Supervisor([spec], log_dir, grace_s=grace_s)
+
+    @property
+    def child(self) -> ChildState:
+        return self.supervisor.children[0]
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc
+
+    def start(self) -> ServiceProcess:
+        self.supervisor.start()
+        return self
+
+    def stop(self) -> int | None:
+        self.supervisor.stop()
+        return self.proc.returncode if self.proc else None
+
+    def log_tail(self, n: int = 20) -> str:
+        return "\n".join(tail_lines(self.child.log_path, n))
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> ServiceProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
