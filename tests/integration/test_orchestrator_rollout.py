@@ -121,7 +121,7 @@ def check_alignment(tok: Any, s: Sample) -> None:
     assert whole == prompt_text + s.response_text
     assert len(s.response_ids) == len(s.loss_mask) == len(s.logprobs)
     pos = 0
-    for t in s.turns:
+    for i, t in enumerate(s.turns):
         model = slice(pos, pos + t.generated_tokens)
         assert s.loss_mask[model] == [1] * t.generated_tokens
         assert all(lp <= 0 and math.isfinite(lp) for lp in s.logprobs[model])
@@ -130,8 +130,13 @@ def check_alignment(tok: Any, s: Sample) -> None:
         assert s.loss_mask[obs] == [0] * t.observation_tokens
         assert s.logprobs[obs] == [0.0] * t.observation_tokens
         obs_text = tok.decode(s.response_ids[obs], skip_special_tokens=False)
-        if t.action == "search":
+        # A search in the last turn gets no observation when the sample ran out of turns or
+        # of response budget (sampled outputs can do either); every other search gets one.
+        cut_short = i == len(s.turns) - 1 and s.status in (Status.MAX_TURNS, Status.RESPONSE_BUDGET)
+        if t.action == "search" and not cut_short:
             assert obs_text.startswith(OBS_PREFIX) and obs_text.endswith(OBS_SUFFIX)
+        elif t.action == "search":
+            assert t.observation_tokens == 0
         elif t.observation_tokens:
             assert obs_text == INVALID_ACTION_MESSAGE
         pos += t.observation_tokens
