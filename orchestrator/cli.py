@@ -148,11 +148,8 @@ def eval_command(
 ) -> None:
     """Greedy rollouts; prints EM / sub-EM / F1 per data source (and writes JSON)."""
     from orchestrator.data import DataError, load_prompts, validation_subset
-    from orchestrator.evaluate import evaluate, format_table
+    from orchestrator.evaluate import evaluate_served, format_table
     from orchestrator.hooks import HookError
-    from orchestrator.rollout import Rollout
-    from orchestrator.search import SearchTool
-    from orchestrator.service import load_tokenizer, make_clients, wait_for_engine
 
     cfg = start_service("orchestrator", config)
     orch = cfg.orchestrator
@@ -163,29 +160,11 @@ def eval_command(
     if subset:  # the same prompts every time, so evaluation curves are comparable
         prompts = validation_subset(prompts, orch.data.val_size, orch.data.seed)
 
-    async def main() -> dict:
-        # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
-        clients = make_clients(orch, cfg.redis.url or "redis://127.0.0.1:1/0", cfg.bus)
-        try:
-            info = await wait_for_engine(clients.engine, orch.engine_retry_s)
-            tok = load_tokenizer(orch.tokenizer_path or str(info["model_path"]))
-            rollout = Rollout(
-                orch.rollout,
-                clients.engine,
-                SearchTool(clients.retriever, orch.search),
-                tok,
-                engine_retry_s=orch.engine_retry_s,
-                greedy=True,
-            )
-            result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
-            result["weight_version"] = info.get("weight_version")
-            result["model_path"] = info.get("model_path")
-            return result
-        finally:
-            await clients.aclose()
-
     try:
-        result = asyncio.run(main())
+        run = evaluate_served(
+            orch, cfg.bus, prompts, redis_url=cfg.redis.url, concurrency=concurrency
+        )
+        result = asyncio.run(run)
     except HookError as e:
         raise _fail(str(e)) from None
     typer.echo(format_table(result))

@@ -12,6 +12,7 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
+from searchr1.sections import BusConfig
 
 METRICS = ("em", "sub_em", "f1")
 
@@ -39,6 +40,42 @@ async def evaluate(
 
     samples = await asyncio.gather(*(one(p) for p in prompts))
     return summarize(list(samples), time.perf_counter() - start)
+
+
+async def evaluate_served(
+    orch: OrchestratorConfig,
+    bus: BusConfig,
+    prompts: list[Prompt],
+    *,
+    redis_url: str | None = None,
+    concurrency: int = 64,
+) -> dict[str, Any]:
+    """`evaluate` against the engine and retriever `orch` points at (what `searchr1 eval` runs).
+
+    Adds the engine's `weight_version` and `model_path` to the result.
+    """
+    from orchestrator.search import SearchTool
+    from orchestrator.service import load_tokenizer, make_clients, wait_for_engine
+
+    # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
+    clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
+    try:
+        info = await wait_for_engine(clients.engine, orch.engine_retry_s)
+        tok = load_tokenizer(orch.tokenizer_path or str(info["model_path"]))
+        rollout = Rollout(
+            orch.rollout,
+            clients.engine,
+            SearchTool(clients.retriever, orch.search),
+            tok,
+            engine_retry_s=orch.engine_retry_s,
+            greedy=True,
+        )
+        result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
+        result["weight_version"] = info.get("weight_version")
+        result["model_path"] = info.get("model_path")
+        return result
+    finally:
+        await clients.aclose()
 
 
 def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:

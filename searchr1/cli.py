@@ -105,14 +105,22 @@ def bus_dead_letters(
     asyncio.run(run())
 
 
+def _sigterm_as_ctrl_c() -> None:
+    """SIGTERM takes Ctrl-C's path: every `finally` stops its child processes (no orphans)."""
+    import signal
+
+    def on_sigterm(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 @app.command("local")
 def local(
     config: ConfigOption = None,
     max_steps: int | None = typer.Option(None, min=1, help="Progress bar total (trainer steps)."),
 ) -> None:
     """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
-    import signal
-
     from searchr1.local.launcher import run_local
     from searchr1.local.supervisor import ChildFailed
     from searchr1.logs import setup_logging
@@ -122,11 +130,7 @@ def local(
         raise typer.Exit(2)
     cfg = load_or_exit(config)
     setup_logging("local", cfg.logging.level, json_format=False)
-
-    def on_sigterm(*_: object) -> None:
-        raise KeyboardInterrupt  # the same clean stop as Ctrl-C
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_as_ctrl_c()
     try:
         run_local(cfg, config.resolve(), max_steps=max_steps)
     except ChildFailed as e:
@@ -149,11 +153,20 @@ def demo(
     from rich.table import Table
 
     from searchr1.demo.run import DemoConfig, run_demo
+    from searchr1.local.supervisor import ChildFailed
     from searchr1.logs import setup_logging
 
     setup_logging("demo", "INFO", json_format=False)
     cfg = DemoConfig.quick_mode(out, seed) if quick else DemoConfig(out, seed, rl_steps=steps)
-    result = run_demo(cfg)
+    _sigterm_as_ctrl_c()
+    try:
+        result = run_demo(cfg)
+    except ChildFailed as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+        raise typer.Exit(130) from None
     table = Table(title="held-out set: before vs after RL")
     for col in ("metric", "warm start", "after GRPO"):
         table.add_column(col)

@@ -13,11 +13,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -164,9 +164,15 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
 
 
 def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | None) -> dict:
-    """Greedy held-out evaluation through the real retriever and engine."""
+    """Greedy held-out evaluation through the real retriever and engine.
+
+    In this process (not a `searchr1 eval` child): an interrupt can then never leave an
+    evaluation running behind the demo.
+    """
+    from orchestrator.data import load_prompts
+    from orchestrator.evaluate import evaluate_served
     from searchr1.config import load_config
-    from searchr1.local.launcher import build_specs, searchr1_command
+    from searchr1.local.launcher import build_specs
     from searchr1.local.supervisor import Supervisor
 
     cfg = load_config(stack)
@@ -178,14 +184,12 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     sup = Supervisor(specs, Path(cfg.local.log_dir) / f"eval-{out.stem}")
     sup.start()
     try:
-        cmd = [*searchr1_command(), "eval", "--config", str(stack), "--data", str(data),
-               "--out", str(out)]  # fmt: skip
-        if limit:
-            cmd += ["--limit", str(limit)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        prompts = load_prompts(data, limit)
+        result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts))
     finally:
         sup.stop()
-    return json.loads(out.read_text())
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def plot(metrics_jsonl: Path, before: float, after: float, out: Path) -> None:

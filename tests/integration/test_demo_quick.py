@@ -52,3 +52,62 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "model-trained")  # a plain HF directory
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc; the services run in their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    exe = Path(sys.executable).with_name("searchr1")
+    proc = subprocess.Popen(
+        [str(exe), "demo", "--quick", "--out", str(tmp_path / "demo")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # until the first evaluation's services are up
+        seen.append(line)
+        if "ready service=inference" in line:
+            break
+    else:
+        pytest.fail("the demo ended before starting its services:\n" + "".join(seen[-30:]))
+    tree = _descendants(proc.pid)
+    assert len(tree) >= 2, tree  # at least the retriever and the engine
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, rest[-3000:]
+    assert "stopped" in rest
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in tree if _alive(p)]
