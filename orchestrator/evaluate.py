@@ -54,22 +54,12 @@ async def evaluate_served(
 
     Adds the engine's `weight_version` and `model_path` to the result.
     """
-    from orchestrator.search import SearchTool
-    from orchestrator.service import load_tokenizer, make_clients, wait_for_engine
+    from orchestrator.service import connect_rollout, make_clients
 
     # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
     clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
-        info = await wait_for_engine(clients.engine, orch.engine_retry_s)
-        tok = load_tokenizer(orch.tokenizer_path or str(info["model_path"]))
-        rollout = Rollout(
-            orch.rollout,
-            clients.engine,
-            SearchTool(clients.retriever, orch.search),
-            tok,
-            engine_retry_s=orch.engine_retry_s,
-            greedy=True,
-        )
+        rollout, info = await connect_rollout(orch, clients, greedy=True)
         result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
         result["weight_version"] = info.get("weight_version")
         result["model_path"] = info.get("model_path")

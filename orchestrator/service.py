@@ -76,6 +76,23 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+async def connect_rollout(
+    cfg: OrchestratorConfig, clients: Clients, *, greedy: bool = False
+) -> tuple[Rollout, dict[str, Any]]:
+    """A Rollout over the live engine (waited for) and its tokenizer; also the engine's info."""
+    info = await wait_for_engine(clients.engine, cfg.engine_retry_s)
+    tokenizer = load_tokenizer(cfg.tokenizer_path or str(info["model_path"]))
+    rollout = Rollout(
+        cfg.rollout,
+        clients.engine,
+        SearchTool(clients.retriever, cfg.search),
+        tokenizer,
+        engine_retry_s=cfg.engine_retry_s,
+        greedy=greedy,
+    )
+    return rollout, info
+
+
 async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orchestrator:
     """Validate everything that can fail at start-up (hooks, data) before any rollout."""
     scorer = Scorer(cfg.reward)
@@ -89,15 +106,7 @@ async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orche
         shuffle=cfg.data.shuffle,
         epochs=cfg.epochs,
     )
-    info = await wait_for_engine(clients.engine, cfg.engine_retry_s)
-    tokenizer = load_tokenizer(cfg.tokenizer_path or str(info["model_path"]))
-    rollout = Rollout(
-        cfg.rollout,
-        clients.engine,
-        SearchTool(clients.retriever, cfg.search),
-        tokenizer,
-        engine_retry_s=cfg.engine_retry_s,
-    )
+    rollout, _ = await connect_rollout(cfg, clients)
     validation = None
     if cfg.eval_every_steps and cfg.data.val_path:
         val = validation_subset(load_prompts(cfg.data.val_path), cfg.data.val_size, cfg.data.seed)
@@ -105,7 +114,7 @@ async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orche
             cfg.rollout,
             clients.engine,
             rollout.search_tool,
-            tokenizer,
+            rollout.tokenizer,
             engine_retry_s=cfg.engine_retry_s,
             greedy=True,
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 # Before anything imports torch/numpy: with several services on a few cores, default thread
 # pools oversubscribe and run 10-100x slower.
@@ -19,6 +21,8 @@ from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
 from searchr1.cli_common import ConfigOption, load_or_exit
 from trainer.cli import app as trainer_app
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="searchr1: train LMs to reason and search with multi-turn RL (the Search-R1 recipe).",
@@ -105,14 +109,25 @@ def bus_dead_letters(
     asyncio.run(run())
 
 
-def _sigterm_as_ctrl_c() -> None:
-    """SIGTERM takes Ctrl-C's path: every `finally` stops its child processes (no orphans)."""
+def _run_supervised(fn: Callable[[], T]) -> T:
+    """Run a job that starts service processes. SIGTERM takes Ctrl-C's path, so every `finally`
+    stops its children (no orphans): exit 130; a dead child: its report, exit 1."""
     import signal
+
+    from searchr1.local.supervisor import ChildFailed
 
     def on_sigterm(*_: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return fn()
+    except ChildFailed as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+        raise typer.Exit(130) from None
 
 
 @app.command("local")
@@ -122,7 +137,6 @@ def local(
 ) -> None:
     """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
     from searchr1.local.launcher import run_local
-    from searchr1.local.supervisor import ChildFailed
     from searchr1.logs import setup_logging
 
     if config is None:
@@ -130,15 +144,7 @@ def local(
         raise typer.Exit(2)
     cfg = load_or_exit(config)
     setup_logging("local", cfg.logging.level, json_format=False)
-    _sigterm_as_ctrl_c()
-    try:
-        run_local(cfg, config.resolve(), max_steps=max_steps)
-    except ChildFailed as e:
-        typer.secho(f"error: {e}", err=True, fg="red")
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.echo("stopped")
-        raise typer.Exit(130) from None
+    _run_supervised(lambda: run_local(cfg, config.resolve(), max_steps=max_steps))
 
 
 @app.command("demo")
@@ -153,20 +159,11 @@ def demo(
     from rich.table import Table
 
     from searchr1.demo.run import DemoConfig, run_demo
-    from searchr1.local.supervisor import ChildFailed
     from searchr1.logs import setup_logging
 
     setup_logging("demo", "INFO", json_format=False)
     cfg = DemoConfig.quick_mode(out, seed) if quick else DemoConfig(out, seed, rl_steps=steps)
-    _sigterm_as_ctrl_c()
-    try:
-        result = run_demo(cfg)
-    except ChildFailed as e:
-        typer.secho(f"error: {e}", err=True, fg="red")
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.echo("stopped")
-        raise typer.Exit(130) from None
+    result = _run_supervised(lambda: run_demo(cfg))
     table = Table(title="held-out set: before vs after RL")
     for col in ("metric", "warm start", "after GRPO"):
         table.add_column(col)
