@@ -50,7 +50,3 @@ class InferenceServerProcess(ServiceProcess):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> InferenceServerProcess:
-        self.start()
-        return self

@@ -15,6 +15,7 @@ import typer
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 if TYPE_CHECKING:
+    from orchestrator.sample import Prompt
     from searchr1.config import StackConfig
 
 app = typer.Typer(
@@ -29,17 +30,19 @@ def _fail(msg: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def check_enough_data(cfg: StackConfig, n_prompts: int) -> None:
+def check_enough_data(cfg: StackConfig, prompts: list[Prompt]) -> None:
     """DataError unless the rollouts feed every step the trainer is configured to take.
 
     Otherwise the orchestrator finishes its data and the trainer waits for groups forever.
     """
-    from orchestrator.data import DataError
+    from orchestrator.data import DataError, PromptSampler
 
     orch, trainer = cfg.orchestrator, cfg.trainer
     if trainer.max_steps is None:
         return
-    steps = n_prompts * orch.epochs // orch.rollout.prompts_per_step
+    n_prompts = len(prompts)
+    # The service's own sampler decides how many steps the data gives.
+    steps = PromptSampler(prompts, orch.rollout.prompts_per_step, epochs=orch.epochs).num_steps
     if orch.max_steps is not None:
         steps = min(steps, orch.max_steps)
     groups = steps * orch.rollout.prompts_per_step
@@ -88,7 +91,7 @@ def run(
     try:  # everything that can be checked without the other services fails here, not later
         Scorer(orch.reward)
         prompts = load_prompts(orch.data.train_path, orch.data.max_prompts)
-        check_enough_data(cfg, len(prompts))
+        check_enough_data(cfg, prompts)
         if orch.data.val_path:
             load_prompts(orch.data.val_path)
         if orch.rollout.custom_generate:

@@ -52,10 +52,6 @@ class RetrieverProcess(ServiceProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> RetrieverProcess:
-        self.start()
-        return self
-
 
 class FakeSerper:
     """A local HTTP server speaking serper.dev's search schema (serper cannot be reached here).

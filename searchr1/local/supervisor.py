@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -256,7 +257,7 @@ class ServiceProcess:
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.child.proc
 
-    def start(self) -> ServiceProcess:
+    def start(self) -> Self:
         self.supervisor.start()
         return self
 
@@ -273,7 +274,7 @@ class ServiceProcess:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> ServiceProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -189,8 +189,11 @@ def test_run_rejects_data_too_short_for_the_trainers_steps(tmp_path: Path) -> No
     assert "trainer.max_steps 3" in result.output and "orchestrator.epochs" in result.output
 
     from orchestrator.cli import check_enough_data
+    from orchestrator.data import load_prompts
     from searchr1.config import StackConfig
 
-    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), 12)  # 3 steps: enough
+    prompts = load_prompts(rows)
+    cfg = StackConfig.model_validate({**stack, "redis": {}})
+    check_enough_data(cfg, prompts + prompts[:2])  # 12 prompts: 3 steps, enough
     stack["orchestrator"]["epochs"] = 2  # type: ignore[index]
-    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), 10)  # 5 steps
+    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), prompts)  # 5 steps
