@@ -3,6 +3,7 @@
 
     python3 dev.py demo [ARGS...]   # the main job: the local end-to-end demo
     python3 dev.py test [ARGS...]   # lint, generated-code check and the test suite (what CI runs)
+    python3 dev.py sglang [ARGS...] # the contract tests against a real SGLang 0.5.21 (CI too)
     python3 dev.py setup            # only create/update the environment
 
 Only the Python standard library is used here, so it runs before anything is installed.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -26,10 +28,19 @@ TORCH_PIN = "torch==2.13.0"
 # Where the CPU-only torch build lives when no local wheel is configured (pip find-links).
 TORCH_CPU_INDEX = os.environ.get("SEARCHR1_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
 
+# A real SGLang server for the contract tests lives in its own venv: it cannot share `.venv`
+# (it pins its own transformers and needs workarounds to run on CPU, see the README in
+# SGLANG_SUPPORT).
+SGLANG_VENV = ROOT / ".venv-sglang"
+SGLANG_STAMP = SGLANG_VENV / ".sglang-installed"
+SGLANG_SUPPORT = ROOT / "tests" / "support" / "sglang_cpu"
+SGLANG_PIN = "sglang==0.5.21"
+TORCHVISION_PIN = "torchvision==0.28.*"
 
-def _bin(name: str) -> Path:
+
+def _bin(name: str, venv_dir: Path = VENV) -> Path:
     sub = "Scripts" if os.name == "nt" else "bin"
-    return VENV / sub / name
+    return venv_dir / sub / name
 
 
 def _run(cmd: list[str | os.PathLike[str]], **kw) -> int:
@@ -37,10 +48,11 @@ def _run(cmd: list[str | os.PathLike[str]], **kw) -> int:
     return subprocess.call([str(c) for c in cmd], **kw)
 
 
-def _check(cmd: list[str | os.PathLike[str]], **kw) -> None:
+def _check(cmd: list[str | os.PathLike[str]], what: str | None = None, **kw) -> None:
+    """Run `cmd`; on failure exit with `what` (a message saying what failed) or a generic one."""
     rc = _run(cmd, **kw)
     if rc != 0:
-        sys.exit(f"dev.py: command failed with exit code {rc}")
+        sys.exit(f"{what or 'dev.py: command failed'} (exit code {rc})")
 
 
 def _fingerprint() -> str:
@@ -51,16 +63,17 @@ def _fingerprint() -> str:
     return h.hexdigest()
 
 
-def _install_torch(pip: list[str]) -> None:
+def _install_torch(pip: list[str], what: str | None = None) -> None:
+    """Install TORCH_PIN (CPU build) with the `pip` command of some venv; `what` as in _check."""
     # Torch first and pinned to the CPU build: otherwise a dependency pulls the multi-GB CUDA
     # build. A local wheel (pip's configured find-links) is preferred, installed without its
     # dependencies (they come from the package index in the next step); else the CPU index.
     if _run([*pip, "install", "-q", "--no-index", "--no-deps", TORCH_PIN]) == 0:
         return
     if sys.platform == "darwin":
-        _check([*pip, "install", "-q", TORCH_PIN])  # macOS wheels on PyPI are CPU-only
+        _check([*pip, "install", "-q", TORCH_PIN], what)  # macOS wheels on PyPI are CPU-only
     else:
-        _check([*pip, "install", "-q", TORCH_PIN, "--index-url", TORCH_CPU_INDEX])
+        _check([*pip, "install", "-q", TORCH_PIN, "--index-url", TORCH_CPU_INDEX], what)
 
 
 def ensure_env() -> None:
@@ -78,6 +91,80 @@ def ensure_env() -> None:
     _install_torch(pip)
     _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[dev]"])
     STAMP.write_text(want)
+
+
+def _sglang_fingerprint() -> str:
+    h = hashlib.sha256()
+    for pin in (TORCH_PIN, SGLANG_PIN, TORCHVISION_PIN):
+        h.update(pin.encode() + b"\0")
+    for path in sorted(SGLANG_SUPPORT.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(path.relative_to(SGLANG_SUPPORT).as_posix().encode() + b"\0")
+            h.update(path.read_bytes())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def ensure_sglang_env() -> Path:
+    """Create `.venv-sglang` with a real SGLang server that runs on CPU; returns its python.
+
+    The steps follow tests/support/sglang_cpu/README.md: CPU torch first, sglang and torchvision
+    without their dependencies, torchvision patched, sglang's non-CUDA requirements (torch kept
+    pinned by a constraint file), and a stub `sgl_kernel`. A stamp holding the hash of the
+    support files and the Python version skips all of it when nothing changed. Any failure
+    exits; nothing is skipped.
+    """
+    python = _bin("python", SGLANG_VENV)
+    want = _sglang_fingerprint()
+    if python.exists() and SGLANG_STAMP.exists() and SGLANG_STAMP.read_text() == want:
+        return python
+    if not python.exists():
+        print(f"creating virtual environment in {SGLANG_VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(SGLANG_VENV)
+    SGLANG_STAMP.unlink(missing_ok=True)  # a broken install must not look finished
+
+    def fail(what: str) -> str:
+        return f"dev.py sglang: {what} failed"
+
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    _check([*pip, "install", "-q", "--upgrade", "pip", "setuptools", "wheel"], fail("pip upgrade"))
+    _install_torch(pip, fail(f"installing {TORCH_PIN} (CPU)"))
+    _check([*pip, "install", "-q", "--no-deps", SGLANG_PIN], fail(f"installing {SGLANG_PIN}"))
+    _check(
+        [*pip, "install", "-q", "--no-deps", TORCHVISION_PIN], fail(f"installing {TORCHVISION_PIN}")
+    )
+    site_packages = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not site_packages or not Path(site_packages).is_dir():
+        sys.exit(fail(f"finding the site-packages of {python}"))
+    _check(
+        [python, SGLANG_SUPPORT / "patch_torchvision.py", site_packages],
+        fail("patching torchvision (patch_torchvision.py)"),
+    )
+    constraints = SGLANG_VENV / "constraints.txt"
+    constraints.write_text(f"{TORCH_PIN}\n{TORCHVISION_PIN}\n")
+    print("(pip will report sglang's CUDA-only requirements as missing: left out on purpose)")
+    _check(
+        [*pip, "install", "-q", "-c", constraints, "-r", SGLANG_SUPPORT / "requirements.txt"],
+        fail("installing tests/support/sglang_cpu/requirements.txt"),
+    )
+    stub = Path(site_packages) / "sgl_kernel"
+    shutil.rmtree(stub, ignore_errors=True)
+    shutil.copytree(
+        SGLANG_SUPPORT / "sgl_kernel", stub, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+    _check(
+        [python, "-c", "import torchvision, sgl_kernel, sglang.srt.entrypoints.http_server"],
+        fail("importing sglang in .venv-sglang"),
+        env=env,
+    )
+    SGLANG_STAMP.write_text(want)
+    return python
 
 
 def _env() -> dict[str, str]:
@@ -105,12 +192,25 @@ def run_tests(args: list[str]) -> int:
     return 0 if rc == 5 and args else rc  # 5 = a filtered selection collected nothing
 
 
+def run_sglang_tests(args: list[str]) -> int:
+    """Every `sglang`-marked test, against real SGLang servers (the tests start and stop them
+    on tiny models with the interpreter of `.venv-sglang`). Never skips: a missing SGLang fails."""
+    env = _env()
+    env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())
+    cmd = [str(_bin("python")), "-m", "pytest", "-m", "sglang", "-p", "no:cacheprovider", *args]
+    rc = _run(cmd, cwd=ROOT, env=env)
+    if rc == 5:
+        print("dev.py sglang: no sglang test was collected", file=sys.stderr)
+        return 1
+    return rc
+
+
 def run_demo(args: list[str]) -> int:
     return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=_env())
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "setup"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "sglang", "setup"}:
         print(__doc__)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
@@ -119,6 +219,8 @@ def main() -> int:
         return run_tests(rest)
     if command == "demo":
         return run_demo(rest)
+    if command == "sglang":
+        return run_sglang_tests(rest)
     return 0
 
 

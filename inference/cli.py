@@ -73,7 +73,8 @@ def serve(
     if section.engine == "sglang":
         from inference.sglang_launcher import run_sglang
 
-        raise typer.Exit(run_sglang(section, replicas=replicas))
+        token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
+        raise typer.Exit(run_sglang(section, replicas=replicas, admin_token=token))
     if replicas != 1:
         typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")
         raise typer.Exit(2)
@@ -104,6 +105,10 @@ def push_weights(
     backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (GPU)")] = "gloo",
     bucket_mb: Annotated[int, typer.Option(min=1)] = 256,
     group_name: Annotated[str, typer.Option()] = "searchr1-weights",
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="The engines' dtype (float32, bfloat16, float16); default: as served."),
+    ] = None,
 ) -> None:
     """Broadcast a checkpoint to running engines (a trainer's weight update, standalone).
 
@@ -115,8 +120,14 @@ def push_weights(
 
     from safetensors.torch import load_file
 
+    from inference.weight_group import dtype_from_name
     from inference.weight_sync import WeightSender
 
+    try:
+        engine_dtype = dtype_from_name(dtype) if dtype else None
+    except ValueError as e:
+        typer.secho(f"error: --dtype: {e}", err=True, fg="red")
+        raise typer.Exit(2) from None
     files = sorted(checkpoint.glob("*.safetensors"))
     if not files:
         typer.secho(f"error: checkpoint: no *.safetensors in {checkpoint}", err=True, fg="red")
@@ -131,6 +142,7 @@ def push_weights(
             group_name=group_name,
             bucket_bytes=bucket_mb << 20,
             token=os.environ.get("SEARCHR1_ADMIN_TOKEN"),
+            dtype=engine_dtype,
         )
         try:
             await sender.connect()

@@ -3,6 +3,10 @@
 Connection pooling via one `httpx.AsyncClient`; retries with exponential backoff on connection
 errors, timeouts and 5xx only (never on 4xx: a bad request stays bad). Weight versions are
 strings on the wire (SGLang's "default" before any update counts as 0) and ints here.
+
+Where SGLang crashes on input instead of rejecting it (an out-of-vocabulary token id kills the
+whole SGLang 0.5.21 server), the client refuses to send it: set `vocab_size` (the orchestrator
+does, from its tokenizer) and such a request fails here with `InferenceBadRequest`.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class GenerateResult:
     matched_stop: str | int | None
     prompt_tokens: int
     completion_tokens: int
-    weight_version: int
+    weight_version: int  # the weights of the last token
+    start_weight_version: int  # the weights of the first token (differs if an update landed)
 
 
 def parse_weight_version(value: Any) -> int:
@@ -62,9 +67,20 @@ def parse_weight_version(value: Any) -> int:
         return 0
 
 
+def parse_start_version(meta: dict[str, Any]) -> int:
+    """SGLang lists `weight_versions` spans over the output ([{version, start, end}, ...]);
+    the first span's version made the first token. Without spans, the request ran on one."""
+    spans = meta.get("weight_versions")
+    if isinstance(spans, list) and spans and isinstance(spans[0], dict):
+        return parse_weight_version(spans[0].get("version"))
+    return parse_weight_version(meta.get("weight_version"))
+
+
 def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult:
     meta = body.get("meta_info") or {}
     reason = meta.get("finish_reason") or {}
+    if not isinstance(reason, dict):  # SGLang: null while running; a string in old releases
+        reason = {"type": str(reason)} if reason else {}
     output_ids = [int(t) for t in body.get("output_ids") or []]
     logprobs = None
     if return_logprob:
@@ -79,6 +95,7 @@ def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
         completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
         weight_version=parse_weight_version(meta.get("weight_version")),
+        start_weight_version=parse_start_version(meta),
     )
 
 
@@ -107,8 +124,10 @@ class InferenceClient:
         token: str | None = None,
         max_connections: int = 256,
         backoff_s: float = 0.2,
+        vocab_size: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self.vocab_size = vocab_size  # when set, token ids outside [0, vocab_size) never leave
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -185,10 +204,24 @@ class InferenceClient:
             params["stop_token_ids"] = list(stop_token_ids)
         if seed is not None:
             params["sampling_seed"] = seed  # SGLang's name for the per-request seed
+        self._check_ids(input_ids, "input_ids")
+        self._check_ids(stop_token_ids or [], "stop_token_ids")
         body = {"input_ids": list(input_ids), "sampling_params": params}
         body["return_logprob"] = return_logprob
         data = await self._request("POST", "/generate", body)
         return parse_generate(data, return_logprob)
+
+    def _check_ids(self, ids: list[int], field: str) -> None:
+        if self.vocab_size is None:
+            return
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            CLIENT_FAILURES.labels("/generate", "bad_request").inc()
+            raise InferenceBadRequest(
+                f"/generate: {field}: token ids outside the vocabulary [0, {self.vocab_size}): "
+                f"{bad[:5]} (not sent: SGLang crashes on them)",
+                422,
+            )
 
     async def get_model_info(self) -> dict[str, Any]:
         info = dict(await self._request("GET", "/get_model_info"))
@@ -224,6 +257,23 @@ class InferenceClient:
         )
         self._check_success("/update_weights_from_disk", data)
         return new
+
+    async def begin_weight_update(self) -> bool:
+        """Open a weight-update session (SGLang >= 0.5.21 requires one around distributed
+        updates). False when the server has no such route (older SGLang: no session)."""
+        try:
+            data = await self._request("POST", "/begin_weight_update", {}, retries=0)
+        except InferenceBadRequest as e:
+            if e.status in (404, 405):
+                return False
+            raise
+        self._check_success("/begin_weight_update", data)
+        return True
+
+    async def end_weight_update(self) -> None:
+        """Close the session: the updates received in it become the served weights."""
+        data = await self._request("POST", "/end_weight_update", {}, retries=0)
+        self._check_success("/end_weight_update", data)
 
     async def init_weights_update_group(
         self,

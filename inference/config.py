@@ -43,7 +43,16 @@ class SglangConfig(Section):
     device: str | None = Field(default=None, description="--device (cpu needs the workarounds)")
     attention_backend: str | None = None
     max_total_tokens: int | None = Field(default=None, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="--dtype. SGLang's auto serves a float32 checkpoint as float16: set float32 "
+        "for logprobs that match a float32 trainer.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Passed through verbatim.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment of the SGLang processes (e.g. SGLANG_USE_CPU_ENGINE=1).",
+    )
     router_python: str | None = Field(
         default=None, description="Interpreter with sglang-router; default: `python`."
     )

@@ -81,6 +81,7 @@ class TorchEngine:
         self.eos_ids = self._eos_ids()
         self.weights = WeightLoader(self.model, timeout_s=self.cfg.weight_group_timeout_s)
         self.weight_version = 0
+        self._session_version: int | None = None  # carried by the open update session
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -111,6 +112,16 @@ class TorchEngine:
             REJECTED.labels("bad_request").inc()
             log.info("generate rejected", extra={"reason": str(e)})
             raise
+        if params.max_new_tokens == 0:  # SGLang answers an empty output, not an error
+            GEN_REQUESTS.labels("length").inc()
+            return GenerateOutput(
+                text="",
+                output_ids=[],
+                logprobs=[],
+                finish_reason={"type": "length", "length": 0},
+                prompt_tokens=len(ids),
+                weight_version=self.weight_version,
+            )
         loop = asyncio.get_running_loop()
         req = Request(
             rid=rid or uuid.uuid4().hex,
@@ -119,7 +130,6 @@ class TorchEngine:
             loop=loop,
             future=loop.create_future(),
             generator=make_generator(params.seed),
-            initial_version=self.weight_version,
         )
         with self._cond:
             if self._stopping:
@@ -174,10 +184,28 @@ class TorchEngine:
         await self.run_command(lambda: None)
 
     async def update_weights_from_disk(self, model_path: str, version: int | None = None) -> int:
+        """Load a checkpoint; the served version becomes `version` (unchanged when None, as
+        in SGLang). Returns the version."""
+
         def do() -> int:
             self.weights.load_from_disk(Path(model_path))
             self.model_path = str(model_path)
-            return self._bump(version)
+            return self._set_version(version)
+
+        return await self.run_command(do)
+
+    async def begin_weight_update(self) -> None:
+        """Open a weight-update session (SGLang's protocol around distributed updates)."""
+        await self.run_command(self.weights.begin_session)
+
+    async def end_weight_update(self) -> int:
+        """Close the session: every bucket received in it becomes the served weights at once
+        (none if one was rejected), with the last version an update of the session carried."""
+
+        def do() -> int:
+            version, self._session_version = self._session_version, None
+            self.weights.end_session()
+            return self._set_version(version)
 
         return await self.run_command(do)
 
@@ -193,9 +221,13 @@ class TorchEngine:
         group_name: str,
         version: int | None = None,
     ) -> int:
+        """Receive one bucket into the open session; applied by `end_weight_update`."""
+
         def do() -> int:
             self.weights.receive(names, dtypes, shapes, group_name)
-            return self._bump(version)
+            if version is not None:
+                self._session_version = version
+            return self.weight_version
 
         return await self.run_command(do)
 
@@ -269,8 +301,16 @@ class TorchEngine:
                 ids.update(int(x) for x in src)
         return ids
 
-    def _bump(self, version: int | None) -> int:
-        self.weight_version = self.weight_version + 1 if version is None else version
+    def _set_version(self, version: int | None) -> int:
+        if version is not None and version != self.weight_version:
+            # Like SGLang: requests in flight record where their weights changed, so their
+            # answer lists the versions that produced each span of their output.
+            with self._cond:
+                live = [*self._running, *self._waiting]
+            for req in live:
+                if req.output_ids:
+                    req.version_events.append((self.weight_version, len(req.output_ids)))
+            self.weight_version = version
         return self.weight_version
 
     # ---- the scheduler thread --------------------------------------------------------------
@@ -330,12 +370,7 @@ class TorchEngine:
         pad_id = self.tokenizer.pad_token_id or 0
         logits, kv, pads = prefill(self.model, seqs, pad_id, self.device)
         for i, req in enumerate(reqs):
-            if req.output_ids:
-                req.next_logits = None
-            else:
-                req.next_logits = logits[i]
-                # The weights its first token comes from (not those current at submission).
-                req.initial_version = self.weight_version
+            req.next_logits = None if req.output_ids else logits[i]
         self._batch.add(reqs, kv, pads)
 
     def _sample_and_retire(self) -> None:
@@ -401,7 +436,7 @@ class TorchEngine:
                 finish_reason=reason,
                 prompt_tokens=len(req.input_ids),
                 weight_version=self.weight_version,
-                initial_weight_version=req.initial_version,
+                version_events=list(req.version_events),
             )
         )
 

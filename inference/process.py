@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+import yaml
+
+from inference.sglang_launcher import cpu_settings
 from searchr1.local.supervisor import ServiceProcess, ServiceSpec
 from searchr1.redis_server import free_port
 
 
 class InferenceServerProcess(ServiceProcess):
+    """`engine="sglang"` runs a real SGLang through our launcher, with the CPU settings of
+    `inference.sglang_launcher.cpu_settings` and the interpreter `sglang_python`."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -28,17 +35,27 @@ class InferenceServerProcess(ServiceProcess):
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 120.0,
+        engine: str = "torch",
+        sglang_python: str | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
         self.port = port or free_port()
         exe = shutil.which("searchr1", path=str(Path(sys.executable).parent))
         base = [exe] if exe else [sys.executable, "-m", "searchr1.cli"]
+        env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        if engine == "sglang":
+            if not sglang_python:
+                raise ValueError("engine=sglang needs sglang_python (SGLang's interpreter)")
+            self._config_dir = tempfile.TemporaryDirectory(prefix="searchr1-sglang-cfg-")
+            config = Path(self._config_dir.name) / "inference.yaml"
+            section = {"engine": "sglang", "sglang": cpu_settings(sglang_python)}
+            config.write_text(yaml.safe_dump({"inference": section}))
+            extra_args = ["--config", str(config), *(extra_args or [])]
         command = [
             *base, "inference", "serve",
-            "--engine", "torch", "--model", self.model_dir, "--port", str(self.port),
+            "--engine", engine, "--model", self.model_dir, "--port", str(self.port),
             *(extra_args or []),
         ]  # fmt: skip
-        env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
         if admin_token:
             env["SEARCHR1_ADMIN_TOKEN"] = admin_token
         spec = ServiceSpec(

@@ -26,7 +26,24 @@ class GenerateOutput:
     finish_reason: dict[str, Any]
     prompt_tokens: int
     weight_version: int
-    initial_weight_version: int
+    # (old version, output tokens made so far) at each weight change while this request ran
+    version_events: list[tuple[int, int]] = field(default_factory=list)
+
+    def weight_versions(self) -> list[dict[str, Any]]:
+        """SGLang's `meta_info.weight_versions`: which version made which output tokens, as
+        spans `{"version", "start", "end"}` (end exclusive; versions as strings)."""
+        n = len(self.output_ids)
+        spans: list[dict[str, Any]] = []
+        for version, end in [*self.version_events, (self.weight_version, n)]:
+            end = min(end, n)
+            if spans and end <= spans[-1]["end"]:
+                continue
+            if spans and spans[-1]["version"] == str(version):
+                spans[-1]["end"] = end
+                continue
+            start = spans[-1]["end"] if spans else 0
+            spans.append({"version": str(version), "start": start, "end": end})
+        return spans
 
     def meta_info(self, rid: str, return_logprob: bool) -> dict[str, Any]:
         """SGLang's `meta_info` (weight_version as a string, as SGLang reports it)."""
@@ -36,10 +53,11 @@ class GenerateOutput:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": len(self.output_ids),
             "cached_tokens": 0,
-            "weight_version": str(self.weight_version),
-            # Ours: differs from weight_version when an update landed mid-request.
-            "initial_weight_version": str(self.initial_weight_version),
         }
+        spans = self.weight_versions()
+        # As SGLang: the version of the last span, i.e. of the weights that made the output's end.
+        meta["weight_version"] = spans[-1]["version"]
+        meta["weight_versions"] = spans
         if return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, tok, None] for lp, tok in zip(self.logprobs, self.output_ids, strict=True)
@@ -55,11 +73,11 @@ class Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[GenerateOutput]
     generator: torch.Generator
-    initial_version: int
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     next_logits: torch.Tensor | None = None
     cancelled: bool = False
+    version_events: list[tuple[int, int]] = field(default_factory=list)
 
     def resolve(self, out: GenerateOutput | BaseException) -> None:
         def set_it() -> None:

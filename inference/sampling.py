@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-# SGLang's names; `seed` is accepted as an alias of `sampling_seed`.
+# SGLang's names. `seed` is not one (SGLang answers it with a 500): rejected here with a 400.
 KNOWN_FIELDS = frozenset(
     {
         "max_new_tokens",
@@ -26,7 +26,6 @@ KNOWN_FIELDS = frozenset(
         "skip_special_tokens",
         "ignore_eos",
         "sampling_seed",
-        "seed",
     }
 )
 # Accepted and ignored, so SGLang clients that send them keep working.
@@ -66,7 +65,7 @@ class SamplingParams:
         stop = d.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
-        seed = d.get("sampling_seed", d.get("seed"))
+        seed = d.get("sampling_seed")
         try:
             p = cls(
                 max_new_tokens=int(d.get("max_new_tokens", 128)),
@@ -86,9 +85,9 @@ class SamplingParams:
         return p
 
     def validate(self) -> None:
-        if self.max_new_tokens <= 0:
+        if self.max_new_tokens < 0:  # 0 is an empty answer, as in SGLang
             raise ValueError(
-                f"sampling_params.max_new_tokens must be > 0 (got {self.max_new_tokens})"
+                f"sampling_params.max_new_tokens must be >= 0 (got {self.max_new_tokens})"
             )
         if self.temperature < 0:
             raise ValueError(f"sampling_params.temperature must be >= 0 (got {self.temperature})")

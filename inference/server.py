@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
@@ -132,9 +132,9 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         return engine.model_info()
 
     @app.api_route("/flush_cache", methods=["GET", "POST"], dependencies=admin)
-    async def flush_cache() -> JSONResponse:
+    async def flush_cache() -> PlainTextResponse:
         await engine.flush_cache()
-        return JSONResponse({"success": True, "message": "Cache flushed."})
+        return PlainTextResponse("Cache flushed.\n")  # SGLang answers text here
 
     @app.post("/pause_generation", dependencies=admin)
     async def pause_generation(req: PauseReq | None = None) -> JSONResponse:
@@ -167,6 +167,22 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
             }
         )
 
+    @app.post("/begin_weight_update", dependencies=admin)
+    async def begin_weight_update() -> JSONResponse:
+        try:
+            await engine.begin_weight_update()
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse({"success": True, "message": "Success"})
+
+    @app.post("/end_weight_update", dependencies=admin)
+    async def end_weight_update() -> JSONResponse:
+        try:
+            new = await engine.end_weight_update()
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse({"success": True, "message": "Success", "weight_version": str(new)})
+
     @app.post("/init_weights_update_group", dependencies=admin)
     async def init_weights_update_group(req: InitGroupReq) -> JSONResponse:
         try:
@@ -191,7 +207,7 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         return JSONResponse(
             {
                 "success": True,
-                "message": f"Succeeded to update weights (weight_version {new}).",
+                "message": "Succeeded to receive the bucket; applied at end_weight_update.",
                 "weight_version": str(new),
             }
         )

@@ -5,6 +5,11 @@ memory fraction, context length, host, port, ...). With `--replicas N` the N ser
 `port+1 .. port+N` on loopback and `python -m sglang_router.launch_router` listens on the
 configured host/port in front of them, so clients see one base URL either way.
 
+The admin token (`SEARCHR1_ADMIN_TOKEN`) becomes SGLang's `--admin-api-key`, which guards the
+weight-update and other admin routes but not `/generate` (`--api-key` would guard every route).
+It reaches SGLang through a private `--config` YAML file, not the command line, so it does not
+show in the process list.
+
 Supervision: a child that exits is restarted after `restart_backoff_s` (doubling, capped at
 60 s); after `max_restarts` failures in a row (a child that ran 5 minutes resets the count) the
 launcher stops everything and exits 1. SIGTERM/SIGINT stop the children (SIGTERM, then SIGKILL
@@ -14,10 +19,14 @@ after `http.graceful_shutdown_s`) and exit 0.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from inference.config import InferenceConfig
 
@@ -26,7 +35,9 @@ log = logging.getLogger(__name__)
 HEALTHY_RUN_S = 300.0
 
 
-def sglang_command(cfg: InferenceConfig, *, host: str, port: int) -> list[str]:
+def sglang_command(
+    cfg: InferenceConfig, *, host: str, port: int, secrets_file: Path | None = None
+) -> list[str]:
     s = cfg.sglang
     assert cfg.model_path, "model_path is validated by the CLI"
     cmd = [
@@ -35,7 +46,10 @@ def sglang_command(cfg: InferenceConfig, *, host: str, port: int) -> list[str]:
         "--host", host,
         "--port", str(port),
         "--tp-size", str(s.tp_size),
+        "--dtype", s.dtype,
     ]  # fmt: skip
+    if secrets_file is not None:
+        cmd += ["--config", str(secrets_file)]
     optional = {
         "--mem-fraction-static": s.mem_fraction_static,
         "--context-length": s.context_length,
@@ -59,14 +73,45 @@ def router_command(cfg: InferenceConfig, worker_urls: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def plan(cfg: InferenceConfig, replicas: int) -> dict[str, tuple[list[str], str]]:
+def cpu_settings(python: str) -> dict[str, Any]:
+    """The `inference.sglang` fields that make SGLang 0.5.21 serve on a CPU machine (the recipe
+    of `python3 dev.py sglang`): float32 so that its logprobs match a float32 trainer."""
+    return {
+        "python": python,
+        "device": "cpu",
+        "attention_backend": "torch_native",
+        "max_total_tokens": 65536,
+        "dtype": "float32",
+        "env": {"SGLANG_USE_CPU_ENGINE": "1"},
+    }
+
+
+def write_secrets_file(directory: Path, admin_token: str) -> Path:
+    """SGLang's `--config` YAML holding the admin key, readable by this user only."""
+    import yaml
+
+    path = directory / "sglang-secrets.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"admin-api-key": admin_token}, f)
+    return path
+
+
+def plan(
+    cfg: InferenceConfig, replicas: int, secrets_file: Path | None = None
+) -> dict[str, tuple[list[str], str]]:
     """Child name -> (argv, health URL)."""
     if replicas == 1:
-        argv = sglang_command(cfg, host=cfg.http.host, port=cfg.http.port)
+        argv = sglang_command(
+            cfg, host=cfg.http.host, port=cfg.http.port, secrets_file=secrets_file
+        )
         return {"sglang": (argv, _health_url(cfg.http.host, cfg.http.port))}
     ports = [cfg.http.port + i + 1 for i in range(replicas)]
     children = {
-        f"sglang-{i}": (sglang_command(cfg, host="127.0.0.1", port=p), _health_url("127.0.0.1", p))
+        f"sglang-{i}": (
+            sglang_command(cfg, host="127.0.0.1", port=p, secrets_file=secrets_file),
+            _health_url("127.0.0.1", p),
+        )
         for i, p in enumerate(ports)
     }
     urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -84,6 +129,7 @@ class _Child:
     name: str
     argv: list[str]
     health_url: str
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     healthy: bool = False
@@ -92,7 +138,7 @@ class _Child:
 
     def start(self) -> None:
         log.info("starting", extra={"child": self.name, "argv": " ".join(self.argv)})
-        self.proc = subprocess.Popen(self.argv)
+        self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env})
         self.started = time.monotonic()
         self.healthy = False
 
@@ -107,7 +153,9 @@ class _Child:
 
 class Supervisor:
     def __init__(self, children: dict[str, tuple[list[str], str]], cfg: InferenceConfig) -> None:
-        self.children = [_Child(n, argv, url) for n, (argv, url) in children.items()]
+        self.children = [
+            _Child(n, argv, url, dict(cfg.sglang.env)) for n, (argv, url) in children.items()
+        ]
         self.start_timeout_s = cfg.sglang.start_timeout_s
         self.backoff_s = cfg.sglang.restart_backoff_s
         self.max_restarts = cfg.sglang.max_restarts
@@ -178,6 +226,11 @@ class Supervisor:
                 p.wait()
 
 
-def run_sglang(cfg: InferenceConfig, *, replicas: int = 1) -> int:
-    """Run SGLang (behind sglang-router when replicas > 1) until SIGTERM; the exit status."""
-    return Supervisor(plan(cfg, replicas), cfg).run()
+def run_sglang(cfg: InferenceConfig, *, replicas: int = 1, admin_token: str | None = None) -> int:
+    """Run SGLang (behind sglang-router when replicas > 1) until SIGTERM; the exit status.
+    Without an admin token SGLang's admin routes (weight updates included) are open."""
+    with tempfile.TemporaryDirectory(prefix="searchr1-sglang-") as tmp:
+        secrets_file = write_secrets_file(Path(tmp), admin_token) if admin_token else None
+        if admin_token is None:
+            log.warning("no SEARCHR1_ADMIN_TOKEN: SGLang's weight-update routes are open")
+        return Supervisor(plan(cfg, replicas, secrets_file), cfg).run()

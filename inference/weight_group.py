@@ -11,6 +11,7 @@ The trainer's sender is rank 0; engines join as ranks `rank_offset .. rank_offse
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 from datetime import timedelta
 from typing import Any
@@ -90,3 +91,16 @@ def destroy_weight_group(group: Any) -> None:
 
     with contextlib.suppress(Exception):  # best effort: the peer may already be gone
         dist.destroy_process_group(group)
+
+
+def abandon_weight_group(group: Any) -> None:
+    """Give up on a group whose collective can never finish (a peer refused to join it).
+
+    A gloo collective cannot be cancelled: destroying its group waits for the collective's
+    timeout, and so would interpreter exit, when the last reference goes. The group is aborted
+    where the backend supports it and otherwise kept alive for good (one group per failed push,
+    a few KB), so the process can still exit at once.
+    """
+    with contextlib.suppress(Exception):
+        group.abort()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))

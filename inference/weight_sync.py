@@ -2,14 +2,18 @@
 
 `WeightSender.connect()` creates a process group of its own (see `inference.weight_group`): the
 sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weights_update_group`.
-`push(named_tensors)` then, per bucket of at most `bucket_bytes`:
-  1. posts `/update_weights_from_distributed` (names, dtypes, shapes) to every engine,
-  2. broadcasts each tensor of the bucket, in order, in the engines' dtype,
-  3. waits for every engine's answer.
-Around the whole push the engines are paused (`pause_mode`, default "retract": running requests
-keep their tokens and recompute their KV under the new weights) and resumed afterwards, so no
-decode step ever runs on a half-updated model. All buckets carry the same new weight version.
-The same code drives SGLang (NCCL on GPU) and our reference engine (gloo on CPU).
+`push(named_tensors)` then
+  1. pauses the engines (`pause_mode`, default "retract": running requests keep their tokens
+     and recompute their KV under the new weights), so no decode step runs on a half-updated
+     model;
+  2. opens a weight-update session on every engine (`/begin_weight_update`; SGLang 0.5.21
+     refuses distributed updates outside one; a server without the route needs none);
+  3. per bucket of at most `bucket_bytes`: posts `/update_weights_from_distributed` (names,
+     dtypes, shapes) to every engine, broadcasts each tensor of the bucket in order in the
+     engines' dtype, and waits for every answer; only the last bucket carries the new weight
+     version, so a push moves the version once;
+  4. closes the sessions (`/end_weight_update`) and resumes the engines, whatever happened.
+The same code drives SGLang (NCCL on GPU, gloo on CPU) and our reference engine.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,7 @@ import torch
 
 from inference.client import InferenceBadRequest, InferenceClient
 from inference.weight_group import (
+    abandon_weight_group,
     destroy_weight_group,
     dtype_from_name,
     dtype_name,
@@ -174,49 +179,45 @@ class WeightSender:
                 finished, _ = await asyncio.wait({send}, timeout=self.refusal_grace_s)
                 if not finished:
                     group, self._group = self._group, None
-                    with contextlib.suppress(Exception):
-                        group.abort()
+                    abandon_weight_group(group)
                     raise InferenceBadRequest(
                         f"an engine refused the update before receiving it "
                         f"({refused[0].exception()}); the weight group is closed, reconnect"
                     )
         await send
 
-    async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PushStats:
-        """Send every tensor to every engine; returns bytes, seconds and the new version."""
+    async def push(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int | None = None
+    ) -> PushStats:
+        """Send every tensor to every engine; returns bytes, seconds and the new version.
+
+        `version` is the weight version the engines serve afterwards; by default one more than
+        the highest version any engine reports."""
         if self._group is None:
             raise RuntimeError("call connect() first")
-        infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
-        version = max(i["weight_version"] for i in infos) + 1
+        if version is None:
+            infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
+            version = max(i["weight_version"] for i in infos) + 1
         paused_at = time.perf_counter()
         if self.pause_mode:
             await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self._clients))
-        total, start, seconds = 0, time.perf_counter(), 0.0
-        failure: BaseException | None = None
+        total, seconds = 0, 0.0
         try:
-            for bucket in self._buckets(named_tensors):
-                names = [n for n, _ in bucket]
-                tensors = [t for _, t in bucket]
-                calls = [
-                    asyncio.create_task(
-                        c.update_weights_from_distributed(
-                            names,
-                            [dtype_name(t.dtype) for t in tensors],
-                            [list(t.shape) for t in tensors],
-                            group_name=self.group_name,
-                            weight_version=version,
-                        )
-                    )
-                    for c in self._clients
-                ]
-                await self._broadcast_watching(tensors, calls)
-                results = await asyncio.gather(*calls, return_exceptions=True)
-                total += sum(t.numel() * t.element_size() for t in tensors)
-                errors = [r for r in results if isinstance(r, BaseException)]
-                if errors and failure is None:
-                    failure = errors[0]
-                    # Later buckets would be rejected the same way; stop here.
-                    break
+            opened = await asyncio.gather(
+                *(_open_session(c) for c in self._clients), return_exceptions=True
+            )
+            in_session = [c for c, ok in zip(self._clients, opened, strict=True) if ok is True]
+            failure = next((r for r in opened if isinstance(r, BaseException)), None)
+            start = time.perf_counter()
+            try:
+                if failure is not None:
+                    raise failure
+                total = await self._send_buckets(named_tensors, version)
+            except BaseException as e:
+                failure = e
+                raise
+            finally:
+                await _close_sessions(in_session, failed=failure is not None)
             seconds = time.perf_counter() - start  # transfer: first post to last answer
         finally:
             if self.pause_mode:
@@ -224,8 +225,6 @@ class WeightSender:
                     *(c.continue_generation() for c in self._clients), return_exceptions=True
                 )
         paused = time.perf_counter() - paused_at
-        if failure is not None:
-            raise failure
         stats = PushStats(total, seconds, version, paused_seconds=paused)
         log.info(
             "weights pushed",
@@ -239,11 +238,77 @@ class WeightSender:
         )
         return stats
 
+    async def _send_buckets(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> int:
+        """Every bucket to every engine; the first rejected bucket stops the push (later ones
+        would be rejected the same way). Returns the bytes sent."""
+        total = 0
+        for bucket, last in _with_last(self._buckets(named_tensors)):
+            names = [n for n, _ in bucket]
+            tensors = [t for _, t in bucket]
+            calls = [
+                asyncio.create_task(
+                    c.update_weights_from_distributed(
+                        names,
+                        [dtype_name(t.dtype) for t in tensors],
+                        [list(t.shape) for t in tensors],
+                        group_name=self.group_name,
+                        weight_version=version if last else None,
+                    )
+                )
+                for c in self._clients
+            ]
+            await self._broadcast_watching(tensors, calls)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            total += sum(t.numel() * t.element_size() for t in tensors)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+        return total
+
     async def close(self) -> None:
         if self._group is not None:
             destroy_weight_group(self._group)
             self._group = None
         await asyncio.gather(*(c.aclose() for c in self._clients))
+
+
+async def _open_session(client: InferenceClient) -> bool:
+    """Open a weight-update session; False when the engine has no sessions. A session left
+    open by a sender that died mid-push is closed first (the new push rewrites every tensor)."""
+    try:
+        return await client.begin_weight_update()
+    except InferenceBadRequest as e:
+        if "already open" not in str(e):
+            raise
+    log.warning("closing a weight-update session left open", extra={"engine": client.base_url})
+    await client.end_weight_update()
+    return await client.begin_weight_update()
+
+
+async def _close_sessions(clients: list[InferenceClient], *, failed: bool) -> None:
+    """End every open session. After a failed push a close error is only logged (the push's
+    own error is the one raised); after a good one it fails the push."""
+    closed = await asyncio.gather(*(c.end_weight_update() for c in clients), return_exceptions=True)
+    errors = [r for r in closed if isinstance(r, BaseException)]
+    if errors and not failed:
+        raise errors[0]
+    for e in errors:
+        log.warning("closing a weight-update session failed", extra={"error": str(e)})
+
+
+def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """Each item with True for the last one (one item of look-ahead)."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
 
 
 def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:

@@ -5,11 +5,18 @@ A bad update (unknown names, wrong shapes) raises ValueError *before* any parame
 the engine keeps serving the old weights. In the distributed path the tensors are received
 first in any case: the sender broadcasts them regardless, and skipping the receive would leave
 the group out of step for the next update.
+
+Distributed updates follow SGLang 0.5.21's session protocol: `begin_session`, then any number
+of `receive` calls (one per bucket), then `end_session`. Unlike SGLang, which loads each bucket
+as it arrives, received tensors are staged and become the model's weights together at the end,
+and only if every bucket of the session was accepted: a push that fails midway leaves the old
+weights whole, never a mix.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +32,20 @@ WEIGHT_UPDATES = Counter(
 )
 
 
+@dataclass
+class UpdateSession:
+    """Buckets received since `begin_session`, applied together by `end_session`."""
+
+    staged: dict[str, torch.Tensor] = field(default_factory=dict)
+    failure: str | None = None  # the first rejected bucket: the session applies nothing
+
+
 class WeightLoader:
     def __init__(self, model: torch.nn.Module, *, timeout_s: float = 600.0) -> None:
         self.model = model
         self.timeout_s = timeout_s
         self.groups: dict[str, Any] = {}
+        self.session: UpdateSession | None = None
 
     def _params(self) -> dict[str, torch.Tensor]:
         # state_dict keys are the checkpoint's names; tied weights appear under both names.
@@ -106,11 +122,40 @@ class WeightLoader:
         )
         log.info("joined weight update group", extra={"group": group_name, "rank": rank_offset})
 
+    def begin_session(self) -> None:
+        if self.session is not None:
+            raise ValueError(
+                "a weight-update session is already open; call end_weight_update() first"
+            )
+        self.session = UpdateSession()
+
+    def end_session(self) -> int:
+        """Apply every staged tensor (all or nothing); returns how many were applied."""
+        session, self.session = self.session, None
+        if session is None:
+            raise ValueError("no weight-update session is open; call begin_weight_update() first")
+        if session.failure is not None:
+            WEIGHT_UPDATES.labels("distributed", "discarded").inc()
+            raise ValueError(
+                f"nothing applied: a bucket of this session was rejected ({session.failure})"
+            )
+        self._apply(self._params(), session.staged)
+        WEIGHT_UPDATES.labels("distributed", "ok").inc()
+        return len(session.staged)
+
     def receive(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
     ) -> None:
+        """Receive one bucket into the open session (staged, not yet applied)."""
         import torch.distributed as dist
 
+        session = self.session
+        if session is None:
+            WEIGHT_UPDATES.labels("distributed", "rejected").inc()
+            raise ValueError(
+                "update_weights_from_distributed must run between begin_weight_update() and "
+                "end_weight_update()"
+            )
         group = self.groups.get(group_name)
         if group is None:
             WEIGHT_UPDATES.labels("distributed", "rejected").inc()
@@ -123,17 +168,14 @@ class WeightLoader:
             for n, d, s in zip(names, dtypes, shapes, strict=True)
         }
         try:
-            params: dict[str, torch.Tensor] | None = self._check(declared)
+            self._check(declared)
             problem = None
         except ValueError as e:
-            params, problem = None, e
-        # Valid tensors of the parameter's dtype are received straight into the parameter
-        # (the scheduler is between steps: nothing reads it now); others go to a buffer.
-        targets: dict[str, torch.Tensor] = {}
-        for name, (shape, dtype) in declared.items():
-            p = params[name].data if params is not None else None
-            direct = p is not None and p.dtype == dtype and p.is_contiguous()
-            targets[name] = p if direct else torch.empty(shape, dtype=dtype, device=device)
+            problem = e
+        targets = {
+            name: torch.empty(shape, dtype=dtype, device=device)
+            for name, (shape, dtype) in declared.items()
+        }
         # The broadcast is per tensor, in order (SGLang's wire protocol). Receive everything
         # even when rejecting: the sender broadcasts regardless.
         works = [dist.broadcast(t, src=0, group=group, async_op=True) for t in targets.values()]
@@ -141,10 +183,9 @@ class WeightLoader:
             w.wait()
         if problem is not None:
             WEIGHT_UPDATES.labels("distributed", "rejected").inc()
+            session.failure = session.failure or str(problem)
             raise problem
-        assert params is not None
-        self._apply(params, {n: t for n, t in targets.items() if t is not params[n].data})
-        WEIGHT_UPDATES.labels("distributed", "ok").inc()
+        session.staged.update(targets)
 
     def close(self) -> None:
         for g in self.groups.values():

@@ -133,6 +133,12 @@ class WeightPushConfig(Section):
     master_port: int = Field(default=29600, ge=1, le=65535)
     backend: str = Field(default="gloo", pattern="^(gloo|nccl)$")
     bucket_bytes: int = Field(default=256 << 20, ge=1)
+    dtype: str | None = Field(
+        default=None,
+        pattern="^(float32|bfloat16|float16)$",
+        description="The engines' weight dtype, tensors are cast to it before sending. Needed for "
+        "SGLang, whose /get_model_info does not say (our engine does): set it to SGLang's --dtype.",
+    )
     disk_dir: str | None = Field(default=None, description="Where disk pushes export weights.")
 
 

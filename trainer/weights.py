@@ -50,6 +50,7 @@ class WeightPusher:
     async def connect(self) -> None:
         if self.cfg.mode != PushMode.DISTRIBUTED or self._sender is not None:
             return
+        from inference.weight_group import dtype_from_name
         from inference.weight_sync import WeightSender
 
         sender = WeightSender(
@@ -59,6 +60,7 @@ class WeightPusher:
             backend=self.cfg.backend,
             bucket_bytes=self.cfg.bucket_bytes,
             token=self.token,
+            dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
         )
         await sender.connect()
         self._sender = sender  # only once connected: a failed connect is retried next push

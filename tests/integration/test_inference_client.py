@@ -1,17 +1,14 @@
 """Contract tests of `InferenceClient` against a server speaking SGLang's native API.
 
-By default the server is our reference engine, run as a real process. With
-`SEARCHR1_SGLANG_URL=http://host:port` (and `-m sglang`) the same tests run against a real SGLang
-serving the same tiny model (`SEARCHR1_SGLANG_MODEL`: its local directory, for teacher forcing;
-build it with `searchr1 inference make-tiny-model`). See docs/inference.md.
+Every test runs against our reference engine and, under `-m sglang` (`python3 dev.py sglang`),
+against a real SGLang 0.5.21 serving the same tiny model: one body, both servers. Where the two
+differ on purpose the test says so (`target.is_sglang`); docs/inference.md has the table.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,40 +16,27 @@ import pytest
 import torch
 
 from inference.client import InferenceBadRequest, InferenceClient
-from inference.process import InferenceServerProcess
+from tests.support.engines import ENGINES, Target, engine_server
 
 TOKEN = "test-admin-token"
 
 
-@dataclass
-class Target:
-    url: str
-    model_dir: Path | None
-    token: str | None
-    is_sglang: bool
-
-
-@pytest.fixture(
-    scope="module",
-    params=["torch", pytest.param("sglang", marks=pytest.mark.sglang)],
-)
+@pytest.fixture(scope="module", params=ENGINES)
 def target(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[Target]:
-    if request.param == "sglang":
-        url = os.environ.get("SEARCHR1_SGLANG_URL")
-        if not url:
-            pytest.skip("SEARCHR1_SGLANG_URL is not set")
-        model = os.environ.get("SEARCHR1_SGLANG_MODEL")
-        yield Target(
-            url, Path(model) if model else None, os.environ.get("SEARCHR1_ADMIN_TOKEN"), True
-        )
-        return
-    with InferenceServerProcess(tiny_model_dir, admin_token=TOKEN) as server:
-        yield Target(server.url, tiny_model_dir, TOKEN, False)
+    with engine_server(request.param, tiny_model_dir, admin_token=TOKEN) as t:
+        yield t
+
+
+def vocab_size(target: Target) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(target.model_dir).vocab_size)
 
 
 @pytest.fixture
 async def client(target: Target) -> AsyncIterator[InferenceClient]:
-    c = InferenceClient(target.url, token=target.token, timeout_s=60)
+    # As the orchestrator sets it up: token ids outside the vocabulary are never sent.
+    c = InferenceClient(target.url, token=target.token, timeout_s=60, vocab_size=vocab_size(target))
     yield c
     await c.aclose()
 
@@ -61,8 +45,6 @@ async def client(target: Target) -> AsyncIterator[InferenceClient]:
 def model(target: Target) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    if target.model_dir is None:
-        pytest.skip("no local model directory for teacher forcing")
     return AutoModelForCausalLM.from_pretrained(target.model_dir).eval()
 
 
@@ -129,7 +111,7 @@ async def test_32_concurrent_requests_all_correct(client: InferenceClient) -> No
     [
         ([], {"max_new_tokens": 4}),
         ([1, 10**7], {"max_new_tokens": 4}),
-        ([1], {"max_new_tokens": 0}),
+        ([1], {"max_new_tokens": 4, "stop_token_ids": [10**7]}),
         ([1], {"max_new_tokens": 10**6}),
     ],
 )
@@ -158,8 +140,6 @@ async def test_model_info_health_and_flush(client: InferenceClient) -> None:
 
 
 async def test_state_changing_endpoints_need_the_token(target: Target) -> None:
-    if target.token is None:
-        pytest.skip("the server has no admin token")
     anon = InferenceClient(target.url, timeout_s=30)
     try:
         for call in (anon.flush_cache(), anon.pause_generation(), anon.continue_generation()):
@@ -203,3 +183,72 @@ async def test_raw_protocol_fields(target: Target) -> None:
         assert all(t[2] is None and t[0] <= 0 for t in triples)
         r = await http.post("/generate", json={"input_ids": [1], "sampling_params": {"top_p": 2}})
         assert r.status_code == 400 and "top_p" in r.text
+
+
+async def test_out_of_vocabulary_ids_never_reach_the_engine(target: Target) -> None:
+    """One such id kills a whole SGLang 0.5.21 server: the client refuses to send it."""
+    n = vocab_size(target)
+    c = InferenceClient(target.url, vocab_size=n, timeout_s=30)
+    try:
+        for ids in ([1, n], [-1]):
+            with pytest.raises(InferenceBadRequest, match="outside the vocabulary") as info:
+                await c.generate(ids, max_new_tokens=2)
+            assert info.value.status == 422
+        assert (await c.generate([1, n - 1], max_new_tokens=2)).completion_tokens == 2
+    finally:
+        await c.aclose()
+    if not target.is_sglang:  # our engine rejects them itself too (SGLang would crash)
+        async with httpx.AsyncClient(base_url=target.url, timeout=30) as http:
+            r = await http.post("/generate", json={"input_ids": [1, n]})
+        assert r.status_code == 400 and "out of range" in r.text
+
+
+async def test_max_new_tokens_zero_is_an_empty_answer(target: Target) -> None:
+    async with httpx.AsyncClient(base_url=target.url, timeout=30) as http:
+        r = await http.post(
+            "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
+        )
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == [] and r.json()["meta_info"]["completion_tokens"] == 0
+
+
+async def test_unknown_sampling_field_is_an_error(target: Target) -> None:
+    """`seed` is not SGLang's name (`sampling_seed` is; the client sends that). SGLang answers
+    500, which a client would retry as a server fault; our engine answers 400."""
+    async with httpx.AsyncClient(base_url=target.url, timeout=30) as http:
+        r = await http.post("/generate", json={"input_ids": [1], "sampling_params": {"seed": 3}})
+    if target.is_sglang:
+        assert r.status_code == 500  # "Internal Server Error", nothing more
+    else:
+        assert r.status_code == 400 and "seed" in r.text
+
+
+async def test_weight_versions_and_model_info_shapes(target: Target) -> None:
+    async with httpx.AsyncClient(base_url=target.url, timeout=30) as http:
+        r = await http.post(
+            "/generate",
+            json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}},
+        )
+        info = (await http.get("/get_model_info")).json()
+    meta = r.json()["meta_info"]
+    version = meta["weight_version"]
+    assert isinstance(version, str) and version == info["weight_version"]
+    assert meta["weight_versions"] == [{"version": version, "start": 0, "end": 3}]
+    assert {"model_path", "is_generation", "weight_version"} <= set(info)
+    # SGLang does not report the dtype: a weight sender takes it from config there.
+    assert ("dtype" in info) is (not target.is_sglang)
+
+
+async def test_weight_update_session_protocol(target: Target) -> None:
+    """SGLang 0.5.21 applies distributed updates only inside begin/end_weight_update."""
+    headers = {"Authorization": f"Bearer {target.token}"}
+    update = {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[1, 1]]}
+    async with httpx.AsyncClient(base_url=target.url, timeout=30, headers=headers) as http:
+        r = await http.post("/update_weights_from_distributed", json=update)
+        assert r.status_code == 400 and "begin_weight_update" in r.json()["message"]
+        r = await http.post("/end_weight_update", json={})
+        assert r.status_code == 400 and "no weight-update session" in r.json()["message"]
+        assert (await http.post("/begin_weight_update", json={})).status_code == 200
+        r = await http.post("/begin_weight_update", json={})
+        assert r.status_code == 400 and "already open" in r.json()["message"]
+        assert (await http.post("/end_weight_update", json={})).status_code == 200

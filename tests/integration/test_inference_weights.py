@@ -157,3 +157,37 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
     finally:
         await again.close()
     assert stats.weight_version == before + 1
+
+
+SENDER_WITH_A_REFUSED_PUSH = """
+import asyncio, sys
+from safetensors.torch import load_file
+from inference.weight_sync import WeightSender
+from searchr1.redis_server import free_port
+
+async def main() -> None:
+    sender = WeightSender([sys.argv[1]], master_port=free_port())
+    await sender.connect()
+    sender.refusal_grace_s = 0.5
+    sender.group_name = "no-such-group"  # the engine refuses before joining the broadcast
+    try:
+        await sender.push(load_file(sys.argv[2]).items())
+    finally:
+        await sender.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_sender_process_exits_promptly_after_a_refused_push(
+    server: InferenceServerProcess, tiny_model_dir: Path
+) -> None:
+    # The abandoned gloo broadcast used to hold interpreter exit until its 600 s timeout
+    # (`searchr1 inference push-weights` never exited after SGLang refused an update).
+    done = subprocess.run(
+        [sys.executable, "-c", SENDER_WITH_A_REFUSED_PUSH, server.url,
+         str(tiny_model_dir / "model.safetensors")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 1 and "refused the update" in done.stderr

@@ -133,7 +133,7 @@ async def test_update_from_disk_changes_outputs_and_version(
     before = await engine.generate([1, 2, 3], greedy(10))
     v0 = engine.weight_version
     other = make_tiny_model(tmp_path / "seed1", seed=1)
-    assert await engine.update_weights_from_disk(str(other)) == v0 + 1
+    assert await engine.update_weights_from_disk(str(other), v0 + 1) == v0 + 1
     after = await engine.generate([1, 2, 3], greedy(10))
     assert after.output_ids != before.output_ids and after.weight_version == v0 + 1
     with pytest.raises(ValueError, match="safetensors"):
@@ -141,6 +141,10 @@ async def test_update_from_disk_changes_outputs_and_version(
     assert engine.weight_version == v0 + 1
     assert await engine.update_weights_from_disk(str(tiny_model_dir), 7) == 7
     assert (await engine.generate([1, 2, 3], greedy(10))).output_ids == before.output_ids
+    # Without a version the served version stays (SGLang's rule), the weights still change.
+    assert await engine.update_weights_from_disk(str(other)) == 7
+    assert (await engine.generate([1, 2, 3], greedy(10))).output_ids == after.output_ids
+    await engine.update_weights_from_disk(str(tiny_model_dir))
 
 
 @pytest.mark.parametrize(
@@ -188,13 +192,20 @@ async def test_update_mid_request_is_reported(
     await asyncio.sleep(0.1)
     assert not task.done()
     await engine.pause("retract")
-    v = await engine.update_weights_from_disk(str(other))
+    v0 = engine.weight_version
+    v = await engine.update_weights_from_disk(str(other), v0 + 1)
     await engine.resume()
     out = await task
-    assert out.weight_version == v and out.initial_weight_version == v - 1
+    n_before = out.version_events[0][1]
+    assert out.weight_version == v and 0 < n_before < len(out.output_ids)
     meta = out.meta_info("r", return_logprob=False)
-    assert meta["weight_version"] == str(v) and meta["initial_weight_version"] == str(v - 1)
-    await engine.update_weights_from_disk(str(tiny_model_dir))
+    # SGLang's shape: which version made which span of the output.
+    assert meta["weight_version"] == str(v)
+    assert meta["weight_versions"] == [
+        {"version": str(v0), "start": 0, "end": n_before},
+        {"version": str(v), "start": n_before, "end": len(out.output_ids)},
+    ]
+    await engine.update_weights_from_disk(str(tiny_model_dir), v + 1)
 
 
 async def test_generation_stops_with_length_at_the_context_limit(engine: TorchEngine) -> None:

@@ -36,7 +36,7 @@ def test_config_maps_onto_launch_server_flags() -> None:
     )
     assert cmd == [
         "py", "-m", "sglang.launch_server", "--model-path", "/models/policy",
-        "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2",
+        "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--dtype", "auto",
         "--mem-fraction-static", "0.8", "--context-length", "8192", "--x",
     ]  # fmt: skip
 
