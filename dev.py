@@ -206,7 +206,10 @@ def run_sglang_tests(args: list[str]) -> int:
 
 
 def run_demo(args: list[str]) -> int:
-    return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=_env())
+    env = _env()
+    if "sglang" in args and ("--engine" in args or "--engine=sglang" in args):
+        env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())
+    return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=env)
 
 
 def main() -> int:

@@ -47,6 +47,7 @@ def sglang_command(
         "--port", str(port),
         "--tp-size", str(s.tp_size),
         "--dtype", s.dtype,
+        "--enable-metrics",  # its Prometheus /metrics, like every service of ours
     ]  # fmt: skip
     if secrets_file is not None:
         cmd += ["--config", str(secrets_file)]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -70,6 +72,19 @@ async def wait_for_engine(engine: Any, timeout_s: float) -> dict[str, Any]:
             await asyncio.sleep(1.0)
 
 
+def model_vocab_size(info: dict[str, Any], model_dir: str, tokenizer: Any) -> int:
+    """Rows of the model's embedding: the engine's word (ours reports it), else the model
+    directory's config.json (SGLang does not report it), else the tokenizer's size."""
+    if info.get("vocab_size"):
+        return int(info["vocab_size"])
+    config = Path(model_dir) / "config.json"
+    if config.is_file():
+        size = json.loads(config.read_text()).get("vocab_size")
+        if size:
+            return int(size)
+    return len(tokenizer)
+
+
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
@@ -82,6 +97,10 @@ async def connect_rollout(
     """A Rollout over the live engine (waited for) and its tokenizer; also the engine's info."""
     info = await wait_for_engine(clients.engine, cfg.engine_retry_s)
     tokenizer = load_tokenizer(cfg.tokenizer_path or str(info["model_path"]))
+    # Token ids the model cannot embed never reach the engine (one crashes a whole SGLang).
+    clients.engine.vocab_size = model_vocab_size(
+        info, cfg.tokenizer_path or str(info["model_path"]), tokenizer
+    )
     rollout = Rollout(
         cfg.rollout,
         clients.engine,

@@ -153,6 +153,15 @@ def demo(
     seed: int = typer.Option(0, help="Seed of the world, the model and the training."),
     steps: int = typer.Option(30, min=1, help="GRPO steps."),
     quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
+    engine: str = typer.Option(
+        "torch", help="Inference service: torch (our reference engine) or sglang (real SGLang)."
+    ),
+    sglang_python: str | None = typer.Option(
+        None,
+        envvar="SEARCHR1_SGLANG_PYTHON",
+        help="SGLang's interpreter for --engine sglang (`python3 dev.py demo --engine sglang` "
+        "builds .venv-sglang and sets it).",
+    ),
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
     from rich.console import Console
@@ -161,8 +170,23 @@ def demo(
     from searchr1.demo.run import DemoConfig, run_demo
     from searchr1.logs import setup_logging
 
+    if engine not in ("torch", "sglang"):
+        typer.secho(f"error: --engine must be torch or sglang (got {engine!r})", err=True)
+        raise typer.Exit(2)
+    if engine == "sglang" and not (sglang_python and Path(sglang_python).exists()):
+        typer.secho(
+            "error: --engine sglang needs --sglang-python (SGLang's interpreter; "
+            "`python3 dev.py demo --engine sglang` builds one)",
+            err=True,
+        )
+        raise typer.Exit(2)
     setup_logging("demo", "INFO", json_format=False)
-    cfg = DemoConfig.quick_mode(out, seed) if quick else DemoConfig(out, seed, rl_steps=steps)
+    chosen = {"engine": engine, "sglang_python": sglang_python}
+    cfg = (
+        DemoConfig.quick_mode(out, seed, **chosen)
+        if quick
+        else DemoConfig(out, seed, rl_steps=steps, **chosen)
+    )
     result = _run_supervised(lambda: run_demo(cfg))
     table = Table(title="held-out set: before vs after RL")
     for col in ("metric", "warm start", "after GRPO"):
@@ -178,7 +202,7 @@ def demo(
         table.add_row(label, f"{before:.3f}", f"{after:.3f}")
     Console().print(table)
     typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
-    typer.echo(" ".join(f"{k}={v:.3f}" for k, v in result.items()))
+    typer.echo(" ".join(f"{k}={v:.3f}" for k, v in result.items()) + f" engine={engine}")
 
 
 def main() -> None:

@@ -48,11 +48,14 @@ class DemoConfig:
     quick: bool = False
     # The warm start runs alone (no services yet), so by default it uses every core.
     warm_start_threads: int | None = None
+    engine: str = "torch"  # the inference service: our reference engine, or "sglang"
+    sglang_python: str | None = None  # SGLang's interpreter (`python3 dev.py sglang` makes one)
 
     @classmethod
-    def quick_mode(cls, out_dir: Path, seed: int = 0) -> DemoConfig:
+    def quick_mode(cls, out_dir: Path, seed: int = 0, **engine: Any) -> DemoConfig:
         """A few steps of everything: exercises the whole path in minutes (the test suite)."""
         return cls(
+            **engine,
             out_dir=out_dir,
             seed=seed,
             n_people=60,
@@ -158,6 +161,15 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     data["orchestrator"]["search"]["retriever_url"] = f"http://127.0.0.1:{ports['retriever']}"
     data["trainer"]["weight_push"]["engine_urls"] = [engine_url]
     data["trainer"]["weight_push"]["master_port"] = free_port()
+    if cfg.engine == "sglang":
+        from inference.sglang_launcher import cpu_settings
+
+        if not cfg.sglang_python:
+            raise ValueError("engine sglang needs SGLang's interpreter (--sglang-python)")
+        data["inference"]["engine"] = "sglang"
+        data["inference"]["sglang"] = cpu_settings(cfg.sglang_python)
+        # SGLang does not report its dtype: the trainer casts to the one it was started with.
+        data["trainer"]["weight_push"]["dtype"] = data["inference"]["sglang"]["dtype"]
     path = out / "stack.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

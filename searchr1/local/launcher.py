@@ -71,14 +71,21 @@ class StackStatus:
     """What the progress view shows, scraped from the services' /metrics."""
 
     values: dict[str, float] = field(default_factory=dict)
+    unreadable: set[str] = field(default_factory=set)
 
     def scrape(self, client: httpx.Client, urls: dict[str, str]) -> None:
-        for url in urls.values():
+        for name, url in urls.items():
             try:
-                text = client.get(url).text
-            except httpx.HTTPError:
+                resp = client.get(url)
+                if resp.status_code != 200:
+                    continue  # e.g. SGLang without --enable-metrics: its 404 is no metric text
+                families = list(text_string_to_metric_families(resp.text))
+            except (httpx.HTTPError, ValueError) as e:
+                if name not in self.unreadable:  # the view just lacks that service's numbers
+                    self.unreadable.add(name)
+                    log.warning("metrics unreadable", extra={"service": name, "error": str(e)})
                 continue
-            for family in text_string_to_metric_families(text):
+            for family in families:
                 for sample in family.samples:
                     key = sample.name
                     if sample.labels.get("name"):

@@ -15,13 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.engines import sglang_python
+
 
 @pytest.mark.timeout(900)
-def test_quick_demo_runs_the_whole_stack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["torch", pytest.param("sglang", marks=pytest.mark.sglang)])
+def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str) -> None:
+    """With `sglang`, a real SGLang serves the evaluations and the GRPO steps: the trainer's
+    gloo pushes must update it every step."""
     out = tmp_path / "demo"
     exe = Path(sys.executable).with_name("searchr1")
+    extra = ["--engine", "sglang", "--sglang-python", sglang_python()] if engine == "sglang" else []
     proc = subprocess.run(
-        [str(exe), "demo", "--quick", "--out", str(out)],
+        [str(exe), "demo", "--quick", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -30,6 +36,11 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     values = dict(kv.split("=", 1) for kv in last.split())
+    assert values["engine"] == engine
+    if engine == "sglang":  # SGLang's own log: the two pushes moved its version 0 -> 1 -> 2
+        served = (out / "logs" / "inference.log").read_text()
+        assert "old_version='default' new_version='1'" in served
+        assert "old_version='1' new_version='2'" in served
     for key in ("em_before", "em_after", "searches_per_question", "wall_s"):
         assert key in values, last
         float(values[key])

@@ -37,6 +37,7 @@ def test_config_maps_onto_launch_server_flags() -> None:
     assert cmd == [
         "py", "-m", "sglang.launch_server", "--model-path", "/models/policy",
         "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--dtype", "auto",
+        "--enable-metrics",
         "--mem-fraction-static", "0.8", "--context-length", "8192", "--x",
     ]  # fmt: skip
 
@@ -156,3 +157,16 @@ def test_supervisor_replaces_a_server_that_never_becomes_healthy(tmp_path: Path)
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_admin_token_reaches_sglang_as_admin_api_key_outside_argv(tmp_path: Path) -> None:
+    from inference.sglang_launcher import write_secrets_file
+
+    secrets = write_secrets_file(tmp_path, "s3cret")
+    argv = sglang_command(cfg(dtype="float32"), host="h", port=1, secrets_file=secrets)
+    assert "s3cret" not in " ".join(argv)  # never in the process list
+    assert argv[argv.index("--config") + 1] == str(secrets)
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert "--api-key" not in argv  # that one would also lock /generate
+    assert secrets.read_text().strip() == "admin-api-key: s3cret"
+    assert secrets.stat().st_mode & 0o777 == 0o600
