@@ -43,6 +43,8 @@ from trainer.losses import LossTerms, aggregation_weights, entropy_from_logits, 
 
 # Metrics that are weighted sums (add over micro-batches and ranks) vs plain counts.
 _WEIGHTED = ("loss", "pg_loss", "kl", "entropy", "clip_fraction_low", "clip_fraction_high")
+# Token counts: summed over mini-batches (the other metrics are averaged).
+_COUNTS = ("nonfinite_trainer_logprobs", "nonfinite_ref_logprobs")
 
 
 def _lr_lambda(schedule: LRSchedule, warmup_steps: int):  # type: ignore[no-untyped-def]
@@ -237,7 +239,7 @@ class HFBackend(TrainerBackend):
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + v
         n = len(minibatches)
-        metrics = {k: v / n for k, v in totals.items() if k != "nonfinite_trainer_logprobs"}
+        metrics = {k: v if k in _COUNTS else v / n for k, v in totals.items()}
         metrics["nonfinite_trainer_logprobs"] = totals.get("nonfinite_trainer_logprobs", 0.0)
         metrics["optimizer_steps"] = float(n)
         metrics["time/forward_backward_s"] = t_fb

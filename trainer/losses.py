@@ -137,10 +137,16 @@ def grpo_loss(
     """Policy loss (times TIS weights) + kl_coef * KL - entropy_coef * entropy, aggregated.
 
     `weights` come from `aggregation_weights` (0 on observation and masked tokens). Tokens
-    whose trainer logprob is non-finite are dropped here too, and counted.
+    whose trainer logprob is non-finite are dropped here too, and counted; so are tokens whose
+    reference logprob is non-finite when the KL is in the loss (`kl_coef > 0`).
     """
     valid = (weights > 0) & finite_mask(logp, old_logp)
     nonfinite = int(((weights > 0) & ~valid).sum())
+    ref_ok = torch.isfinite(ref_logp) if ref_logp is not None else torch.ones_like(valid)
+    nonfinite_ref = int((valid & ~ref_ok).sum())
+    if ref_logp is not None and cfg.kl_coef > 0:
+        # A NaN/inf reference would make the loss (and, for k2, every gradient) non-finite.
+        valid = valid & ref_ok
     w = zero_where_invalid(weights, valid)
     lp = zero_where_invalid(logp, valid)
     old = zero_where_invalid(old_logp, valid)
@@ -163,7 +169,11 @@ def grpo_loss(
         "nonfinite_trainer_logprobs": float(nonfinite),
     }
     if ref_logp is not None:
-        kl = (kl_penalty(lp, zero_where_invalid(ref_logp, valid), cfg.kl_estimator) * w).sum()
+        metrics["nonfinite_ref_logprobs"] = float(nonfinite_ref)
+        # Without kl_coef the token still trains; it is only left out of the `kl` metric.
+        kl_ok = valid & ref_ok
+        kl_tok = kl_penalty(lp, zero_where_invalid(ref_logp, kl_ok), cfg.kl_estimator)
+        kl = (kl_tok * zero_where_invalid(w, kl_ok)).sum()
         metrics["kl"] = float(kl.detach())
         if cfg.kl_coef > 0:
             total = total + cfg.kl_coef * kl

@@ -47,6 +47,7 @@ def record_step(step: int, metrics: dict[str, float]) -> None:
     TOKENS.inc(metrics.get("train_tokens", 0.0))
     NONFINITE.labels("rollout").inc(metrics.get("nonfinite_rollout_logprobs", 0.0))
     NONFINITE.labels("trainer").inc(metrics.get("nonfinite_trainer_logprobs", 0.0))
+    NONFINITE.labels("reference").inc(metrics.get("nonfinite_ref_logprobs", 0.0))
     DEGENERATE_GROUPS.inc(metrics.get("groups/degenerate", 0.0))
     for k, v in metrics.items():
         LAST.labels(k).set(v)

@@ -139,3 +139,38 @@ def test_nonfinite_trainer_logprob_is_dropped_and_counted() -> None:
     assert out.metrics["nonfinite_trainer_logprobs"] == 1
     assert math.isfinite(out.loss.item())
     assert torch.isfinite(logp.grad).all()
+
+
+# k1 / k2 / k3 of token 0 (logp -1, ref -1.5) at weight 0.5.
+_KL0 = {
+    KLEstimator.K1: 0.5 * 0.5,
+    KLEstimator.K2: 0.5 * 0.5 * 0.5**2,
+    KLEstimator.LOW_VAR_KL: 0.5 * (math.exp(-0.5) - 1 + 0.5),
+}
+
+
+@pytest.mark.parametrize("estimator", list(KLEstimator))
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_nonfinite_ref_logprob_is_dropped_and_counted(estimator: KLEstimator, bad: float) -> None:
+    cfg = LossConfig(kl_coef=0.1, kl_estimator=estimator)
+    logp = t(-1.0, -1.0).requires_grad_(True)
+    out = grpo_loss(logp, t(-1.0, -1.0), t(1.0, 1.0), t(0.5, 0.5), cfg, ref_logp=t(-1.5, bad))
+    out.loss.backward()
+    assert logp.grad is not None and torch.isfinite(logp.grad).all()
+    assert out.metrics["nonfinite_ref_logprobs"] == 1
+    # Only token 0 counts (weight 0.5): pg = -1 * 0.5, plus its KL term.
+    assert out.metrics["pg_loss"] == pytest.approx(-0.5)
+    assert out.metrics["kl"] == pytest.approx(_KL0[estimator])
+    assert out.loss.item() == pytest.approx(-0.5 + 0.1 * _KL0[estimator])
+    assert logp.grad[1].item() == 0.0
+
+
+def test_nonfinite_ref_logprob_without_kl_keeps_the_policy_term() -> None:
+    # kl_coef 0: the reference only feeds the `kl` metric, so the token still trains.
+    cfg = LossConfig(kl_coef=0.0)
+    out = grpo_loss(
+        t(-1.0, -1.0), t(-1.0, -1.0), t(1.0, 1.0), t(0.5, 0.5), cfg, ref_logp=t(-1.5, float("nan"))
+    )
+    assert out.metrics["pg_loss"] == pytest.approx(-1.0)
+    assert math.isfinite(out.metrics["kl"]) and math.isfinite(out.loss.item())
+    assert out.metrics["nonfinite_ref_logprobs"] == 1
