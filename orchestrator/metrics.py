@@ -82,7 +82,7 @@ def step_summary(samples: list[Sample], seconds: float) -> dict[str, float]:
     tokens = sum(len(s.loss_mask) for s in samples)
     obs = tokens - sum(sum(s.loss_mask) for s in samples)
     turns = [t for s in samples for t in s.turns]
-    budget = (Status.RESPONSE_BUDGET, Status.MAX_TURNS)
+    budget = (Status.RESPONSE_BUDGET, Status.MAX_TURNS, Status.TRUNCATED, Status.CONTEXT_LIMIT)
     summary = {
         "samples": float(len(samples)),
         "reward_mean": sum(s.reward for s in samples) / n,

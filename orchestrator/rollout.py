@@ -7,6 +7,7 @@ included) + observation ids tokenized once. The engine's logprobs are kept as th
 
 Turn semantics (spec section 2):
 - slime: `max_turns` generation calls in all (default 2: one usable search, then an answer);
+  a turn that ends on its token limit (finish reason length) ends the sample, as in slime;
 - original: `max_turns` rounds with search enabled, then one final generation whose search,
   if any, is not executed.
 A search on the last generation call is never executed: no further turn could read it.
@@ -151,6 +152,10 @@ class Rollout:
         if action == "answer":
             sample.status = Status.ANSWERED
             return True
+        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
+            # slime's generate stops the sample on a cut turn (no correction, no next turn).
+            sample.status = self._length_status(sample, len(ids), max_new)
+            return True
         if turn_index + 1 >= self.generation_calls:
             sample.status = Status.MAX_TURNS
             return True
@@ -169,6 +174,15 @@ class Rollout:
         sample.append_observation(obs.ids, obs.text)
         turn.observation_tokens = len(obs.ids)
         return False
+
+    def _length_status(self, sample: Sample, generated: int, max_new: int) -> Status:
+        """Why a turn ended on "length": the engine's context, the whole-response budget, or
+        the per-turn limit."""
+        if generated < max_new:  # the engine clamps a request to its context length
+            return Status.CONTEXT_LIMIT
+        if len(sample.response_ids) >= self.cfg.max_response_tokens:
+            return Status.RESPONSE_BUDGET
+        return Status.TRUNCATED
 
     async def generate(self, sample: Sample, max_new_tokens: int) -> tuple[Any, float]:
         """One engine call on the sample's token context; waits out engine restarts.

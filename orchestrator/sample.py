@@ -23,6 +23,7 @@ class Status(StrEnum):
     MAX_TURNS = "max_turns"
     RESPONSE_BUDGET = "response_budget"
     CONTEXT_LIMIT = "context_limit"
+    TRUNCATED = "truncated"  # a turn hit max_tokens_per_turn (slime semantics stop there)
     ABORTED = "aborted"
     ERROR = "error"
 

@@ -16,6 +16,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CONTEXT_LIMIT: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+    FINISH_REASON_TRUNCATED: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_ANSWERED: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
@@ -23,6 +24,7 @@ FINISH_REASON_RESPONSE_BUDGET: FinishReason
 FINISH_REASON_CONTEXT_LIMIT: FinishReason
 FINISH_REASON_ABORTED: FinishReason
 FINISH_REASON_ERROR: FinishReason
+FINISH_REASON_TRUNCATED: FinishReason
 
 class Turn(_message.Message):
     __slots__ = ("index", "action", "query", "doc_ids", "tool_latency_s", "tool_attempts", "error", "generated_tokens", "observation_tokens", "generate_latency_s", "engine_finish_reason", "weight_version")

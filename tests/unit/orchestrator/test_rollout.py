@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchConfig
+from orchestrator.metrics import step_summary
 from orchestrator.observation import observation_text
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
@@ -127,6 +128,53 @@ async def test_per_turn_budget_passed_to_engine(tokenizer) -> None:  # type: ign
     assert all(c["max_new_tokens"] == 5 for c in engine.calls)
     assert s.turns[0].engine_finish_reason == "length"
     assert s.turns[0].action == "invalid"  # cut before the closing tag
+
+
+async def test_slime_ends_the_sample_on_a_length_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # slime's generate breaks on finish_reason "length": no correction, no further turn.
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2], max_tokens_per_turn=5, max_turns=3)
+    await rollout.run_sample(s)
+    assert len(engine.calls) == 1
+    assert s.status == Status.TRUNCATED
+    assert s.loss_mask == [1] * 5 and s.turns[0].observation_tokens == 0
+    assert to_trajectory(s).finish_reason == FinishReason.FINISH_REASON_TRUNCATED
+    assert step_summary([s], 1.0)["truncation_rate"] == 1.0
+
+
+async def test_slime_length_turn_at_the_response_budget_is_labelled_so(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine, rollout, [s] = make(tokenizer, [TURN1], max_tokens_per_turn=50, max_response_tokens=5)
+    await rollout.run_sample(s)
+    assert len(engine.calls) == 1 and len(s.response_ids) == 5
+    assert s.status == Status.RESPONSE_BUDGET
+
+
+async def test_slime_length_turn_short_of_its_budget_is_the_context_limit(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2], max_tokens_per_turn=5)
+    orig = engine.generate
+
+    async def context_full(input_ids, **kw):  # type: ignore[no-untyped-def]
+        # The engine clamps to its context: "length" with fewer tokens than asked for.
+        return await orig(input_ids, **{**kw, "max_new_tokens": 3})
+
+    engine.generate = context_full  # type: ignore[method-assign]
+    await rollout.run_sample(s)
+    assert len(s.response_ids) == 3 and len(engine.calls) == 1
+    assert s.status == Status.CONTEXT_LIMIT
+    assert to_trajectory(s).finish_reason == FinishReason.FINISH_REASON_CONTEXT_LIMIT
+
+
+async def test_original_semantics_continue_after_a_length_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine, rollout, [s] = make(
+        tokenizer, [TURN1, TURN2], max_tokens_per_turn=5, max_turns=2, turn_semantics="original"
+    )
+    await rollout.run_sample(s)
+    # The cut turn is an invalid action: corrected, then the sample goes on.
+    assert len(engine.calls) == 3
+    assert [t.engine_finish_reason for t in s.turns] == ["length"] * 3
+    assert [t.action for t in s.turns] == ["invalid"] * 3
+    msg = tokenizer.encode(INVALID_ACTION_MESSAGE, add_special_tokens=False)
+    assert s.turns[0].observation_tokens == len(msg)
+    assert s.status == Status.MAX_TURNS
 
 
 async def test_whole_response_budget(tokenizer) -> None:  # type: ignore[no-untyped-def]
