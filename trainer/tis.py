@@ -7,7 +7,8 @@ trainer's for the same weights. The policy loss is re-weighted per token by
 - `token` mode: `w = min(exp(old - rollout), C)`;
 - `mis` mode (slime's richer variant): token, sequence (product) or geometric-mean level;
   truncate / clip / mask outside `[lower, upper]`; a whole sequence is vetoed when any of its
-  token ratios falls below `veto_threshold`; optional renormalisation to mean 1.
+  token ratios falls below `veto_threshold`; optional renormalisation to mean 1 over the
+  surviving tokens, never above the bound (`cap`, or `upper` in `mis` mode).
 
 Weights are computed once per rollout batch, without gradient.
 """
@@ -55,6 +56,8 @@ def tis_weights(
     log_r = zero_where_invalid(clamp_log_ratio(old_logp - rollout_logp, cfg.log_ratio_clamp), valid)
     n_valid = int(valid.sum())
     vetoed_samples = 0
+    rejected = torch.zeros_like(valid)  # weight 0 on purpose: masked or vetoed
+    bound = cfg.cap
     if cfg.mode == TISMode.OFF:
         w = valid.double()
         modified = torch.zeros_like(valid)
@@ -79,19 +82,26 @@ def tis_weights(
         elif cfg.action == TISAction.CLIP:
             w, modified = raw.clamp(cfg.lower, cfg.upper), outside_hi | outside_lo
         else:
-            modified = outside_hi | outside_lo
+            modified = rejected = outside_hi | outside_lo
             w = torch.where(modified, torch.zeros_like(raw), raw)
         modified = modified & valid
+        bound = cfg.upper
         if cfg.veto_threshold is not None:
             low = (valid & (torch.exp(log_r) < cfg.veto_threshold)).double()
             veto = _per_sample_sum(low, sample_index, num_samples) > 0
             vetoed_samples = int(veto.sum())
+            rejected = rejected | veto[sample_index]
             w = torch.where(veto[sample_index], torch.zeros_like(w), w)
     w = zero_where_invalid(w, valid)
-    if cfg.renormalize and cfg.mode != TISMode.OFF and n_valid > 0:
-        mean = w.sum() / n_valid
+    kept = valid & ~rejected
+    if cfg.renormalize and cfg.mode != TISMode.OFF and bool(kept.any()):
+        # The mean is over the tokens that train: counting the rejected zeros would inflate
+        # every survivor (slime averages the pre-rejection weights, so rejected tokens still
+        # move its mean). The bound is the variance cap of the method, so it still holds
+        # afterwards; where it binds the mean ends a little below 1 (one clamp, no re-fitting).
+        mean = w[kept].mean()
         if mean > 0:
-            w = w / mean
+            w = (w / mean).clamp(max=bound)
     live = _per_sample_sum(valid.double(), sample_index, num_samples) > 0
     wv = w[valid]
     metrics = {

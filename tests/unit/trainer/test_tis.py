@@ -84,3 +84,28 @@ def test_mis_renormalize() -> None:
     old = t(0.0, math.log(0.5))
     w = _mis(old, [0, 1], 2, renormalize=True, veto_threshold=None)
     assert w.tolist() == pytest.approx([4 / 3, 2 / 3])
+
+
+def test_mis_renormalize_uses_only_surviving_weights() -> None:
+    # Token ratios: sample 0 [3, 0.6], sample 1 [1, 1e-5], sample 2 [1, 1.4]. Mask mode drops
+    # the 3 (above 2) and the 1e-5; the veto (below 1e-4) zeroes all of sample 1. Survivors
+    # 0.6, 1, 1.4 already have mean 1: renormalising must leave them as they are.
+    old = t(math.log(3), math.log(0.6), 0.0, math.log(1e-5), 0.0, math.log(1.4))
+    w = _mis(old, [0, 0, 1, 1, 2, 2], 3, action=TISAction.MASK, renormalize=True)
+    assert w.tolist() == pytest.approx([0.0, 0.6, 0.0, 0.0, 1.0, 1.4], abs=1e-6)
+
+
+def test_mis_renormalize_never_exceeds_the_upper_bound() -> None:
+    # Truncate: ratios 4 -> 2, 0.25, 0.25, 0.5; mean 0.75, so /0.75 gives 8/3 for the first:
+    # above upper = 2, it stays at 2 (the others: 1/3, 1/3, 2/3).
+    old = t(math.log(4), math.log(0.25), math.log(0.25), math.log(0.5))
+    w = _mis(old, [0, 1, 2, 3], 4, renormalize=True, veto_threshold=None)
+    assert w.tolist() == pytest.approx([2.0, 1 / 3, 1 / 3, 2 / 3], abs=1e-6)
+
+
+def test_token_tis_renormalize_never_exceeds_the_cap() -> None:
+    # Token TIS, cap 2: ratios 3 -> 2, 0.25, 0.25; mean 2.5 / 3, so 2 * 1.2 = 2.4 -> 2; 0.3, 0.3.
+    old = t(math.log(3), math.log(0.25), math.log(0.25))
+    cfg = TISConfig(mode=TISMode.TOKEN, renormalize=True)
+    res = tis_weights(old, torch.zeros(3), torch.ones(3), torch.tensor([0, 1, 2]), 3, cfg)
+    assert res.weights.tolist() == pytest.approx([2.0, 0.3, 0.3], abs=1e-6)
