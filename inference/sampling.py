@@ -1,9 +1,10 @@
 """Sampling parameters (SGLang's field names) and the per-request sampler.
 
-Logprobs are always those of the chosen token under the *unmodified* model distribution
-(`log_softmax` of the raw fp32 logits, i.e. temperature 1, no top-k/top-p), whatever the
-sampling temperature: that is the quantity an RL trainer recomputes with a forward pass, so the
-two can be compared token by token. Temperature, top-k and top-p only change which token is drawn.
+Logprobs follow SGLang's sampler (`srt/layers/sampler.py`, `Sampler.forward`): the chosen
+token's logprob under the temperature-scaled distribution, `log_softmax(logits / T)` of the fp32
+logits, before any top-k/top-p truncation (those only change which token is drawn). Greedy
+requests (T below SGLang's 1e-6, which it turns into top_k 1 at temperature 1) get
+`log_softmax(logits)`. A trainer recomputes the same quantity by dividing its logits by T.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ IGNORED_FIELDS = frozenset(
         "spaces_between_special_tokens",
     }
 )
+
+
+# SGLang's `_SAMPLING_EPS`: a temperature below it means greedy decoding.
+GREEDY_TEMPERATURE_EPS = 1e-6
 
 
 @dataclass
@@ -100,7 +105,12 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of the returned logprobs: SGLang makes a near-zero temperature 1 (greedy)."""
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE_EPS else self.temperature
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -116,7 +126,7 @@ def make_generator(seed: int | None) -> torch.Generator:
 def sample_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
 ) -> tuple[int, float]:
-    """Draw the next token from one row of logits; return (token, its unmodified logprob)."""
+    """Draw the next token from one row of logits; return (token, its logprob at T)."""
     tokens, logprobs = sample_batch(logits[None], [params], [generator])
     return tokens[0], logprobs[0]
 
@@ -131,13 +141,18 @@ def sample_batch(
     per call on CPU and we call it for every request at every step).
     """
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    lp_temps = [p.logprob_temperature for p in params]
+    if all(t == 1.0 for t in lp_temps):
+        logprobs = torch.log_softmax(logits, dim=-1)
+    else:
+        t = torch.tensor(lp_temps, dtype=logits.dtype, device=logits.device)
+        logprobs = torch.log_softmax(logits / t[:, None], dim=-1)
     tokens = torch.argmax(logits, dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         dev = logits.device
         temps = torch.tensor([params[i].temperature for i in rows], dtype=logits.dtype, device=dev)
-        # A new tensor: the raw logits (and the logprobs above) stay untouched.
+        # A new tensor: the raw logits stay untouched (greedy rows read them).
         scores = logits[torch.tensor(rows, device=dev)] / temps[:, None]
         for j, i in enumerate(rows):
             if params[i].top_k > 0 or params[i].top_p < 1.0:

@@ -26,25 +26,40 @@ def greedy(n: int, **kw: object) -> SamplingParams:
 
 
 def teacher_forced_logprobs(
-    model: torch.nn.Module, prompt: list[int], out: list[int]
+    model: torch.nn.Module, prompt: list[int], out: list[int], temperature: float = 1.0
 ) -> list[float]:
     with torch.no_grad():
         logits = model(torch.tensor([prompt + out])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
+    lp = torch.log_softmax(logits / temperature, -1)
     return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(out)]
 
 
 async def test_logprobs_match_teacher_forcing(engine: TorchEngine) -> None:
+    # As SGLang: logprobs of logits / T when sampling; greedy (T = 0) gives temperature 1.
     prompt = [1, 40, 41, 42, 43]
-    for params in (
-        greedy(24),
-        SamplingParams(max_new_tokens=24, temperature=1.0, seed=3, ignore_eos=True),
-        SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=4, ignore_eos=True),
+    for params, temperature in (
+        (greedy(24), 1.0),
+        (SamplingParams(max_new_tokens=24, temperature=1.0, seed=3, ignore_eos=True), 1.0),
+        (
+            SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=4, ignore_eos=True),
+            0.7,
+        ),
     ):
         out = await engine.generate(prompt, params)
         assert len(out.output_ids) == len(out.logprobs) == 24
-        ref = teacher_forced_logprobs(engine.model, prompt, out.output_ids)
+        ref = teacher_forced_logprobs(engine.model, prompt, out.output_ids, temperature)
         assert max(abs(a - b) for a, b in zip(ref, out.logprobs, strict=True)) < 1e-4
+
+
+async def test_logprobs_at_temperature_07_are_of_logits_over_07(engine: TorchEngine) -> None:
+    prompt = [1, 50, 51, 52]
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, seed=11, ignore_eos=True)
+    out = await engine.generate(prompt, params)
+    scaled = teacher_forced_logprobs(engine.model, prompt, out.output_ids, 0.7)
+    raw = teacher_forced_logprobs(engine.model, prompt, out.output_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(scaled, out.logprobs, strict=True)) < 1e-4
+    # The two distributions really differ here, so the check above can tell them apart.
+    assert max(abs(a - b) for a, b in zip(raw, out.logprobs, strict=True)) > 1e-2
 
 
 async def test_batch_independence(engine: TorchEngine) -> None:

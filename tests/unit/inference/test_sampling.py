@@ -19,12 +19,22 @@ def test_greedy_picks_argmax_and_reports_unmodified_logprob() -> None:
     assert lp == pytest.approx(math.log(0.5), abs=1e-6)
 
 
-def test_logprob_ignores_temperature_and_top_k() -> None:
+def test_logprob_is_of_the_temperature_scaled_distribution_before_top_k() -> None:
+    # As SGLang's sampler: log_softmax(logits / T), not renormalised over top-k / top-p.
     params = SamplingParams(temperature=5.0, top_k=2)
+    scaled = [p ** (1 / 5) for p in (0.5, 0.3, 0.2)]
+    expected = [math.log(q / sum(scaled)) for q in scaled]
     for seed in range(20):
         tok, lp = sample_token(LOGITS, params, make_generator(seed))
         assert tok in (0, 1)  # top_k=2 never draws the 0.2 token
-        assert lp == pytest.approx(math.log([0.5, 0.3, 0.2][tok]), abs=1e-6)
+        assert lp == pytest.approx(expected[tok], abs=1e-6)
+
+
+def test_temperature_below_sglang_epsilon_is_greedy_with_unscaled_logprob() -> None:
+    # SGLang turns temperature < 1e-6 into greedy (top_k 1, temperature 1).
+    tok, lp = sample_token(LOGITS, SamplingParams(temperature=1e-7), make_generator(0))
+    assert tok == 0
+    assert lp == pytest.approx(math.log(0.5), abs=1e-6)
 
 
 def test_top_p_keeps_smallest_prefix_reaching_mass() -> None:
