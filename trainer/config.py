@@ -92,7 +92,12 @@ class OptimConfig(Section):
     eps: float = Field(default=1e-8, gt=0)
     grad_clip: float | None = Field(default=1.0, gt=0)
     schedule: LRSchedule = LRSchedule.CONSTANT
-    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear warm-up.")
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Training steps (rollout batches, like max_steps) of linear warm-up; every "
+        "optimizer step of a training step uses that step's LR.",
+    )
 
 
 class BatchConfig(Section):

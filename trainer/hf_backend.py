@@ -48,6 +48,7 @@ _COUNTS = ("nonfinite_trainer_logprobs", "nonfinite_ref_logprobs")
 
 
 def _lr_lambda(schedule: LRSchedule, warmup_steps: int):  # type: ignore[no-untyped-def]
+    # `step` counts training steps (the scheduler steps once per rollout batch, see train_step).
     def f(step: int) -> float:
         if schedule == LRSchedule.WARMUP and warmup_steps > 0:
             return min(1.0, (step + 1) / warmup_steps)
@@ -228,16 +229,19 @@ class HFBackend(TrainerBackend):
                     sums[k] = sums.get(k, 0.0) + v
             t1 = time.perf_counter()
             grad_norm = self._clip_grad()
+            lr = self.optimizer.param_groups[0]["lr"]  # the LR this update uses
             self.optimizer.step()
-            self.scheduler.step()
             self._steps += 1
             t_opt += time.perf_counter() - t1
             t_fb += t1 - t0
             sums = all_reduce_sum(sums, self.info)
             sums["grad_norm"] = grad_norm
-            sums["lr"] = self.scheduler.get_last_lr()[0]
+            sums["lr"] = lr
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + v
+        # Once per training step, as in verl (Search-R1): `warmup_steps` are training steps like
+        # every other `*_steps` of the config, whatever `num_minibatches` is.
+        self.scheduler.step()
         n = len(minibatches)
         metrics = {k: v if k in _COUNTS else v / n for k, v in totals.items()}
         metrics["nonfinite_trainer_logprobs"] = totals.get("nonfinite_trainer_logprobs", 0.0)

@@ -165,3 +165,23 @@ def test_degenerate_groups_are_counted_and_optionally_filtered() -> None:
     samples, m = build_samples(trajs, cfg)
     assert {s.group_id for s in samples} == {"g0"}
     assert m["samples"] == 4 and m["reward/mean"] == pytest.approx(0.75)  # stats before filtering
+
+
+def test_warmup_counts_training_steps_not_optimizer_steps() -> None:
+    # warmup_steps 4 training steps, 2 optimizer steps each: the LR of training step s is
+    # lr * (s + 1) / 4 for both of its optimizer steps, then lr from training step 3 on.
+    cfg = config(num_minibatches=2)
+    cfg.optim.schedule = "warmup"  # type: ignore[assignment]
+    cfg.optim.warmup_steps = 4
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    used: list[float] = []
+    backend.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"])
+    )
+    reported = [train_on(make_batch(2, 4), backend, cfg)["lr"] for _ in range(5)]
+    lr = 1e-2
+    per_opt = [0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0, 1.0, 1.0, 1.0]
+    assert used == pytest.approx([lr * f for f in per_opt])
+    assert backend.optimizer_steps == 10
+    # The metric is the LR the step trained with, not the next one.
+    assert reported == pytest.approx([lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0)])
