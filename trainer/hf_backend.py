@@ -182,6 +182,17 @@ class HFBackend(TrainerBackend):
         model = self.model if kind == LogprobKind.OLD else self.ref_model
         if model is None:
             raise ValueError("reference logprobs need loss.kl_coef > 0 (no reference model)")
+        # eval(): dropout would make old/ref logprobs random; train_step goes back to train().
+        was_training = model.training
+        model.eval()
+        try:
+            self._compute_logprobs(model, samples, kind)
+        finally:
+            model.train(was_training)
+
+    def _compute_logprobs(
+        self, model: nn.Module, samples: Sequence[Sample], kind: LogprobKind
+    ) -> None:
         packed = self.cfg.batch.packing
         local: dict[int, torch.Tensor] = {}
         for idxs in self._plan(samples):

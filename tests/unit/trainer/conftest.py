@@ -12,7 +12,8 @@ from protos.trajectory import SCHEMA_VERSION, Trajectory
 VOCAB = 128
 
 
-def tiny_qwen2(seed: int = 0):  # type: ignore[no-untyped-def]
+def tiny_qwen2(seed: int = 0, **overrides: object):  # type: ignore[no-untyped-def]
+    """`overrides` go to `Qwen2Config` (e.g. attention_dropout, use_sliding_window)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -25,6 +26,7 @@ def tiny_qwen2(seed: int = 0):  # type: ignore[no-untyped-def]
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=False,
+        **overrides,  # type: ignore[arg-type]
     )
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg)

@@ -185,3 +185,25 @@ def test_warmup_counts_training_steps_not_optimizer_steps() -> None:
     assert backend.optimizer_steps == 10
     # The metric is the LR the step trained with, not the next one.
     assert reported == pytest.approx([lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0)])
+
+
+@pytest.mark.parametrize("kind", [LogprobKind.OLD, LogprobKind.REF])
+def test_old_and_ref_logprobs_ignore_dropout_after_a_step(kind: LogprobKind) -> None:
+    # Attention dropout 0.5: in train() mode two forwards of the same batch differ.
+    cfg = config()
+    backend = HFBackend(tiny_qwen2(attention_dropout=0.5), cfg, CPU)
+    trajs = make_batch(1, 4)
+    train_on(trajs, backend, cfg)
+    attr = "old_logprobs" if kind == LogprobKind.OLD else "ref_logprobs"
+    runs = []
+    for _ in range(2):
+        samples, _ = build_samples(trajs, cfg)
+        backend.compute_logprobs(samples, kind)
+        runs.append(torch.cat([getattr(s, attr) for s in samples]))
+    assert torch.equal(runs[0], runs[1]), float((runs[0] - runs[1]).abs().max())
+    # One step (one micro-batch each): the old-logprob pass in eval(), the loss pass in train().
+    modes: list[bool] = []
+    attn = backend.model.model.layers[0].self_attn
+    attn.register_forward_pre_hook(lambda m, args: modes.append(m.training))
+    train_on(trajs, backend, cfg)
+    assert modes == [False, True]
