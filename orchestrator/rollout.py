@@ -90,6 +90,11 @@ class Rollout:
             )
 
     @property
+    def temperature(self) -> float:
+        """The sampling temperature sent to the engine; 0 = greedy (SGLang: top_k 1)."""
+        return 0.0 if self.greedy else self.cfg.temperature
+
+    @property
     def generation_calls(self) -> int:
         extra = 1 if self.cfg.turn_semantics == TurnSemantics.ORIGINAL else 0
         return self.cfg.max_turns + extra
@@ -97,6 +102,7 @@ class Rollout:
     async def run_sample(self, sample: Sample) -> Sample:
         """Run one sample to completion (never raises for engine/tool trouble: status ERROR)."""
         sample.created_at = time.time()
+        sample.temperature = self.temperature  # also for a custom hook that calls the engine
         try:
             if self._custom is not None:
                 await self._custom(self, sample)
@@ -192,6 +198,8 @@ class Rollout:
         full by the new weights rather than stitched from two policies.
         """
         context = sample.prompt_ids + sample.response_ids
+        # Recorded on the sample: the engine's logprobs are of logits / T, the trainer needs T.
+        sample.temperature = temperature = self.temperature
         deadline = time.monotonic() + self.engine_retry_s
         delay = 0.5
         aborts = 0
@@ -201,7 +209,7 @@ class Rollout:
                 result = await self.generator.generate(
                     context,
                     max_new_tokens=max_new_tokens,
-                    temperature=0.0 if self.greedy else self.cfg.temperature,
+                    temperature=temperature,
                     top_p=1.0 if self.greedy else self.cfg.top_p,
                     top_k=1 if self.greedy else self.cfg.top_k,
                     stop=list(self.cfg.stop),

@@ -75,6 +75,8 @@ class Sample:
     tool_s: float = 0.0
     reward_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The sampling temperature sent to the engine (0 = greedy); its logprobs are of logits / T.
+    temperature: float = 1.0
 
     @property
     def trajectory_id(self) -> str:

@@ -73,5 +73,6 @@ def to_trajectory(s: Sample) -> Trajectory:
         gold_answers=s.golds,
         rollout_step=s.rollout_step,
         metadata={str(k): str(v) for k, v in {**s.prompt.metadata, **s.metadata}.items()},
+        temperature=s.temperature,
     )
     return validate(traj)

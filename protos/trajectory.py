@@ -48,6 +48,9 @@ def validate(traj: Trajectory) -> Trajectory:
         raise SchemaError("loss_mask entries must be 0 or 1")
     if not math.isfinite(traj.reward.total):
         raise SchemaError(f"reward.total is not finite: {traj.reward.total}")
+    if not (math.isfinite(traj.temperature) and traj.temperature >= 0):
+        # The trainer divides logits by it.
+        raise SchemaError(f"temperature must be finite and >= 0 (got {traj.temperature})")
     return traj
 
 

@@ -37,6 +37,7 @@ def make_trajectory(
         error="",
         gold_answers=["Paris", "paris, france"],
         rollout_step=41,
+        temperature=0.7,
     )
     traj.reward.total = 1.0
     traj.reward.components["em"] = 1.0

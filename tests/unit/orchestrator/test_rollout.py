@@ -217,6 +217,20 @@ async def test_group_and_trajectory(tokenizer) -> None:  # type: ignore[no-untyp
     assert [t.action for t in traj.turns] == ["search", "answer"]
 
 
+async def test_trajectory_carries_the_sampling_temperature(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # The engine's logprobs are of logits / T: the trainer must know T to recompute them.
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2], temperature=0.7)
+    await rollout.run_sample(s)
+    assert [c["temperature"] for c in engine.calls] == [0.7, 0.7]
+    assert decode(encode(to_trajectory(s))).temperature == pytest.approx(0.7)
+    # Greedy (evaluation) sends temperature 0 and records 0: the trainer reads it as 1.
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2], temperature=0.7)
+    rollout.greedy = True
+    await rollout.run_sample(s)
+    assert [c["temperature"] for c in engine.calls] == [0.0, 0.0]
+    assert to_trajectory(s).temperature == 0.0
+
+
 async def test_weight_version_min_and_max(tokenizer) -> None:  # type: ignore[no-untyped-def]
     engine, rollout, [s] = make(tokenizer, [TURN1, TURN2])
     orig = engine.generate

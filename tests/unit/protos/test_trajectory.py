@@ -17,6 +17,7 @@ def test_encode_decode_round_trip() -> None:
     assert back == traj
     assert back.reward.components["em"] == 1.0
     assert list(back.loss_mask) == list(traj.loss_mask)
+    assert back.temperature == pytest.approx(0.7)
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,8 @@ def test_encode_decode_round_trip() -> None:
         (lambda t: t.rollout_logprobs.append(0.0), "rollout_logprobs has 13 entries for 12"),
         (lambda t: setattr(t, "loss_mask", b"\x02" + t.loss_mask[1:]), "must be 0 or 1"),
         (lambda t: setattr(t.reward, "total", float("nan")), "not finite"),
+        (lambda t: setattr(t, "temperature", -0.5), "temperature must be finite and >= 0"),
+        (lambda t: setattr(t, "temperature", float("inf")), "temperature must be finite"),
     ],
 )
 def test_invalid_trajectories_are_rejected(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
