@@ -36,6 +36,8 @@ class Sample:
     tis_weights: torch.Tensor | None = None
     loss_weights: torch.Tensor | None = None  # aggregation weights within its mini-batch
     extras: dict[str, float] = field(default_factory=dict)
+    # The logits are divided by it: the engine sampled from (and scored with) logits / T.
+    temperature: float = 1.0
 
     @property
     def response_len(self) -> int:
@@ -44,6 +46,10 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.input_ids)
+
+
+# SGLang's greedy threshold (`_SAMPLING_EPS`): such samples carry temperature-1 logprobs.
+_GREEDY_EPS = 1e-6
 
 
 def _mask_tensor(mask: bytes | Sequence[int]) -> torch.Tensor:
@@ -82,6 +88,8 @@ def sample_from_trajectory(traj: Trajectory) -> tuple[Sample, int]:
         rollout_logprobs=rollout,
         reward=float(traj.reward.total),
         extras={"em": components["em"]} if "em" in components else {},
+        # 0 = greedy or unset (an older producer): SGLang's greedy logprobs are temperature 1.
+        temperature=traj.temperature if traj.temperature >= _GREEDY_EPS else 1.0,
     )
     return sample, nonfinite
 
@@ -97,6 +105,7 @@ class MicroBatch:
     row_keep: torch.Tensor  # [T] index into keep_positions of that logits row
     targets: torch.Tensor  # [T] the response tokens
     sample_index: torch.Tensor  # [T] index into `samples` of each response token
+    temperatures: torch.Tensor  # [T] float32, the sampling temperature of each response token
     samples: list[int]  # indices into the caller's sample list, in order
     num_tokens: int  # real (non-padding) tokens
     padded_tokens: int  # B * L
@@ -195,6 +204,9 @@ def build_microbatch(
         row_keep=row_keep,
         targets=torch.tensor(targets, dtype=torch.long),
         sample_index=torch.tensor(sample_index, dtype=torch.long),
+        temperatures=torch.tensor(
+            [s.temperature for s in seqs for _ in range(s.response_len)], dtype=torch.float32
+        ),
         samples=list(idxs),
         num_tokens=sum(s.length for s in seqs),
         padded_tokens=int(input_ids.numel()),

@@ -144,7 +144,8 @@ class HFBackend(TrainerBackend):
     def _forward(
         self, model: nn.Module, mb: MicroBatch, *, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprobs of the response tokens (fp32), and their entropies if asked."""
+        """Logprobs of the response tokens (fp32) under each sample's sampling distribution,
+        `log_softmax(logits / T)`, and their entropies if asked."""
         dev = self.device
         extra: dict[str, Any] = {}
         if self.varlen and mb.cu_seqlens is not None:
@@ -160,6 +161,10 @@ class HFBackend(TrainerBackend):
                 **extra,
             )
         rows = out.logits[mb.row_batch.to(dev), mb.row_keep.to(dev)].float()
+        if bool((mb.temperatures != 1.0).any()):
+            # The engine sampled (and scored) with logits / T, per sample (slime and verl do the
+            # same); T == 1 skips the division, so those logprobs stay bit-identical.
+            rows = rows / mb.temperatures.to(dev)[:, None]
         logp = rows.gather(-1, mb.targets.to(dev)[:, None]).squeeze(-1) - torch.logsumexp(
             rows, dim=-1
         )
