@@ -10,6 +10,11 @@ lets a real token see the padding after it.
 
 Registered under `VARLEN` in transformers' attention registry; transformers builds no mask for
 a custom implementation, which is what both paths want.
+
+Plain causal attention only: sliding windows, attention-logit softcapping and attention sinks
+would be silently ignored, so `use_varlen` refuses such models (pick another
+`attn_implementation` for them) and the function refuses them again if they show up at call
+time under names the config check does not know.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 VARLEN = "searchr1_varlen"
+# What transformers' attention modules pass for a sliding window, logit softcapping and sinks.
+_CALL_ARGS = ("sliding_window", "softcap", "s_aux")
 
 
 def varlen_causal_attention(
@@ -34,6 +41,9 @@ def varlen_causal_attention(
     cu_seq_lens_q: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
+    for name in _CALL_ARGS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"the varlen attention does not implement `{name}`")
     gqa = query.shape[1] != key.shape[1]
     if cu_seq_lens_q is None:
         out = F.scaled_dot_product_attention(
@@ -67,7 +77,40 @@ def register() -> str:
     return VARLEN
 
 
+def unsupported_features(model: nn.Module) -> list[str]:
+    """The model's attention features that the varlen attention would ignore, by config field."""
+    cfg = getattr(model, "config", None)
+    found: list[str] = []
+    window = getattr(cfg, "sliding_window", None)
+    layer_types: list[str] | None = getattr(cfg, "layer_types", None)
+    # Qwen2 keeps `sliding_window` only with use_sliding_window, and slides only in the layers
+    # `layer_types` marks; models without layer_types (Mistral) slide everywhere when it is set.
+    if window is not None and (layer_types is None or "sliding_attention" in layer_types):
+        flag = getattr(cfg, "use_sliding_window", None)
+        found.append(f"sliding_window={window}" + (f" (use_sliding_window={flag})" if flag else ""))
+    other = sorted(set(layer_types or []) - {"full_attention", "sliding_attention"})
+    if other:
+        found.append(f"layer_types {other}")
+    softcap = getattr(cfg, "attn_logit_softcapping", None)
+    if softcap is not None:
+        found.append(f"attn_logit_softcapping={softcap}")
+    # Sinks (gpt-oss) have no config field: they are a parameter of each attention module.
+    sinks = next(
+        (m for m in model.modules() if isinstance(getattr(m, "sinks", None), torch.Tensor)), None
+    )
+    if sinks is not None:
+        found.append(f"attention sinks (`sinks` of {type(sinks).__name__})")
+    return found
+
+
 def use_varlen(model: nn.Module) -> None:
-    """Switch a loaded Hugging Face model to the varlen attention."""
+    """Switch a loaded Hugging Face model to the varlen attention, or refuse it (ValueError)."""
+    found = unsupported_features(model)
+    if found:
+        raise ValueError(
+            "trainer.model.attn_implementation=varlen would ignore this model's "
+            f"{', '.join(found)}: set trainer.model.attn_implementation to one that implements "
+            "them (eager, or flash_attention_2 / sdpa where the model supports them)"
+        )
     register()
     model.set_attn_implementation(VARLEN)  # type: ignore[operator]

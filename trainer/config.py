@@ -159,7 +159,8 @@ class ModelConfig(Section):
     device: str = Field(default="auto", description="auto | cpu | cuda")
     attn_implementation: str = Field(
         default="varlen",
-        description="varlen (per-sequence fused causal attention, see trainer.attention), or a "
+        description="varlen (per-sequence fused causal attention, see trainer.attention; it "
+        "refuses models with sliding windows, logit softcapping or attention sinks), or a "
         "transformers name (sdpa, eager, flash_attention_2).",
     )
     gradient_checkpointing: bool = False

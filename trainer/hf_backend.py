@@ -391,6 +391,7 @@ def load_hf_model(cfg: TrainerConfig) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(
         cfg.model.path,
         dtype=torch.float32,
-        # varlen is switched on by the backend (it registers the function first).
-        attn_implementation="sdpa" if impl == "varlen" else impl,
+        # varlen is switched on by the backend (it registers the function first, and refuses
+        # what varlen would ignore). Eager meanwhile: every model has it (Gemma2 has no sdpa).
+        attn_implementation="eager" if impl == "varlen" else impl,
     )
