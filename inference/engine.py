@@ -277,18 +277,18 @@ class TorchEngine:
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"sampling_params.stop_token_ids out of range: {bad[:5]}")
-        # Like SGLang: a prompt that fills the context, or a budget larger than the whole
-        # context, is an error; otherwise generation stops with "length" when the context is
-        # full (a multi-turn rollout near the limit gets a short last turn, not a failure).
+        # Like SGLang: the prompt plus the whole output budget must fit in the context (SGLang
+        # answers 400 unless it runs with --allow-auto-truncate); the orchestrator asks for at
+        # most what fits.
         if len(ids) >= self.context_length:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) leaves no room in the context length "
                 f"{self.context_length}"
             )
-        if params.max_new_tokens > self.context_length:
+        if len(ids) + params.max_new_tokens > self.context_length:
             raise ValueError(
-                f"sampling_params.max_new_tokens ({params.max_new_tokens}) exceeds the context "
-                f"length {self.context_length}"
+                f"prompt ({len(ids)} tokens) + sampling_params.max_new_tokens "
+                f"({params.max_new_tokens}) exceeds the context length {self.context_length}"
             )
 
     def _eos_ids(self) -> set[int]:

@@ -75,8 +75,12 @@ class Rollout:
         *,
         engine_retry_s: float = 600.0,
         greedy: bool = False,
+        context_length: int | None = None,
     ) -> None:
         self.cfg = cfg
+        # The engine's context (prompt + output): SGLang rejects a request that could exceed
+        # it, so each turn asks for at most what still fits.
+        self.context_length = context_length
         self.generator = generator
         self.search_tool = search
         self.tokenizer = tokenizer
@@ -135,6 +139,13 @@ class Rollout:
             sample.status = Status.RESPONSE_BUDGET
             return True
         max_new = min(self.cfg.max_tokens_per_turn, remaining)
+        room = None
+        if self.context_length is not None:
+            room = self.context_length - len(sample.prompt_ids) - len(sample.response_ids)
+            if room <= 0:
+                sample.status = Status.CONTEXT_LIMIT
+                return True
+            max_new = min(max_new, room)
         result, latency = await self.generate(sample, max_new)
         ids = list(result.output_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -160,7 +171,7 @@ class Rollout:
             return True
         if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
             # slime's generate stops the sample on a cut turn (no correction, no next turn).
-            sample.status = self._length_status(sample, len(ids), max_new)
+            sample.status = self._length_status(sample, len(ids), max_new, room)
             return True
         if turn_index + 1 >= self.generation_calls:
             sample.status = Status.MAX_TURNS
@@ -181,11 +192,13 @@ class Rollout:
         turn.observation_tokens = len(obs.ids)
         return False
 
-    def _length_status(self, sample: Sample, generated: int, max_new: int) -> Status:
+    def _length_status(
+        self, sample: Sample, generated: int, max_new: int, room: int | None = None
+    ) -> Status:
         """Why a turn ended on "length": the engine's context, the whole-response budget, or
         the per-turn limit."""
-        if generated < max_new:  # the engine clamps a request to its context length
-            return Status.CONTEXT_LIMIT
+        if generated < max_new or (room is not None and generated >= room):
+            return Status.CONTEXT_LIMIT  # the context is full (or the engine stopped short)
         if len(sample.response_ids) >= self.cfg.max_response_tokens:
             return Status.RESPONSE_BUDGET
         return Status.TRUNCATED

@@ -72,17 +72,18 @@ async def wait_for_engine(engine: Any, timeout_s: float) -> dict[str, Any]:
             await asyncio.sleep(1.0)
 
 
-def model_vocab_size(info: dict[str, Any], model_dir: str, tokenizer: Any) -> int:
-    """Rows of the model's embedding: the engine's word (ours reports it), else the model
-    directory's config.json (SGLang does not report it), else the tokenizer's size."""
-    if info.get("vocab_size"):
-        return int(info["vocab_size"])
-    config = Path(model_dir) / "config.json"
-    if config.is_file():
-        size = json.loads(config.read_text()).get("vocab_size")
-        if size:
-            return int(size)
-    return len(tokenizer)
+def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[int, int | None]:
+    """(rows of the embedding, context length) of the served model: the engine's word (ours
+    reports both), else the model directory's config.json (SGLang reports neither), else the
+    tokenizer's size and no context limit."""
+    config: dict[str, Any] = {}
+    path = Path(model_dir) / "config.json"
+    if path.is_file():
+        config = json.loads(path.read_text())
+        config = config.get("text_config", config)  # multimodal configs nest the LM's
+    vocab = info.get("vocab_size") or config.get("vocab_size") or len(tokenizer)
+    context = info.get("context_length") or config.get("max_position_embeddings")
+    return int(vocab), int(context) if context else None
 
 
 def load_tokenizer(path: str) -> Any:
@@ -97,10 +98,11 @@ async def connect_rollout(
     """A Rollout over the live engine (waited for) and its tokenizer; also the engine's info."""
     info = await wait_for_engine(clients.engine, cfg.engine_retry_s)
     tokenizer = load_tokenizer(cfg.tokenizer_path or str(info["model_path"]))
-    # Token ids the model cannot embed never reach the engine (one crashes a whole SGLang).
-    clients.engine.vocab_size = model_vocab_size(
+    vocab_size, context_length = model_limits(
         info, cfg.tokenizer_path or str(info["model_path"]), tokenizer
     )
+    # Token ids the model cannot embed never reach the engine (one crashes a whole SGLang).
+    clients.engine.vocab_size = vocab_size
     rollout = Rollout(
         cfg.rollout,
         clients.engine,
@@ -108,6 +110,7 @@ async def connect_rollout(
         tokenizer,
         engine_retry_s=cfg.engine_retry_s,
         greedy=greedy,
+        context_length=context_length,
     )
     return rollout, info
 

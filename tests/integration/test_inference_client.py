@@ -252,3 +252,33 @@ async def test_weight_update_session_protocol(target: Target) -> None:
         r = await http.post("/begin_weight_update", json={})
         assert r.status_code == 400 and "already open" in r.json()["message"]
         assert (await http.post("/end_weight_update", json={})).status_code == 200
+
+
+async def test_prompt_plus_budget_over_the_context_is_rejected(
+    target: Target, client: InferenceClient
+) -> None:
+    """SGLang 0.5.21 rejects a request whose prompt + max_new_tokens exceeds the context (it
+    truncates only with --allow-auto-truncate); the orchestrator asks for what still fits."""
+    from transformers import AutoConfig
+
+    context = int(AutoConfig.from_pretrained(target.model_dir).max_position_embeddings)
+    prompt = [1] * (context - 3)
+    with pytest.raises(InferenceBadRequest) as info:
+        await client.generate(prompt, max_new_tokens=4, temperature=0)
+    assert 400 <= info.value.status < 500 and "context" in str(info.value)
+    out = await client.generate(prompt, max_new_tokens=3, temperature=0)
+    assert out.completion_tokens <= 3
+
+
+async def test_logprobs_are_of_the_temperature_scaled_distribution(
+    client: InferenceClient, model: torch.nn.Module
+) -> None:
+    """SGLang's logprobs at temperature T are log_softmax(logits / T) (before top-k/top-p);
+    the trainer divides by the same T."""
+    out = await client.generate(PROMPT, max_new_tokens=16, temperature=0.7, seed=3)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + out.output_ids])).logits[0].float()
+    lp = torch.log_softmax(logits / 0.7, -1)
+    ref = [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(out.output_ids)]
+    assert out.logprobs is not None
+    assert max(abs(a - b) for a, b in zip(ref, out.logprobs, strict=True)) < 1e-4

@@ -223,7 +223,10 @@ async def test_update_mid_request_is_reported(
     await engine.update_weights_from_disk(str(tiny_model_dir), v + 1)
 
 
-async def test_generation_stops_with_length_at_the_context_limit(engine: TorchEngine) -> None:
+async def test_prompt_plus_budget_over_the_context_is_rejected(engine: TorchEngine) -> None:
+    # As SGLang 0.5.21 (without --allow-auto-truncate): the whole budget must fit.
     prompt = [1] * (engine.context_length - 3)
-    out = await engine.generate(prompt, greedy(50, ignore_eos=True))
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        await engine.generate(prompt, greedy(4, ignore_eos=True))
+    out = await engine.generate(prompt, greedy(3, ignore_eos=True))
     assert out.finish_reason == {"type": "length", "length": 3}

@@ -51,10 +51,10 @@ TURN2 = "<think> it is paris </think>\n<answer> Paris </answer>"
 DOCS = 'Doc 1(Title: "Paris") Paris is the capital of France.\nDoc 2(Title: "Lyon") A city.\n'
 
 
-def make(tokenizer, turns, *, group_size=1, retriever=None, **cfg):  # type: ignore[no-untyped-def]
+def make(tokenizer, turns, *, group_size=1, retriever=None, context_length=None, **cfg):  # type: ignore[no-untyped-def]
     engine = ScriptedEngine(tokenizer, turns)
     tool = SearchTool(retriever or FakeRetriever(), SearchConfig(topk=2))
-    rollout = Rollout(RolloutConfig(**cfg), engine, tool, tokenizer)
+    rollout = Rollout(RolloutConfig(**cfg), engine, tool, tokenizer, context_length=context_length)
     ids = prompt_token_ids(tokenizer, PROMPT.messages)
     group = new_group(PROMPT, ids, group_size=group_size, rollout_step=3, run_id="r")
     return engine, rollout, group
@@ -261,3 +261,15 @@ async def test_samples_do_not_wait_for_each_other(tokenizer) -> None:  # type: i
     rb = Rollout(cfg, fast_engine, SearchTool(slow, SearchConfig()), tokenizer)
     await asyncio.gather(ra.run_sample(a), rb.run_sample(b))
     assert b.finished_at < a.finished_at - 0.2
+
+
+async def test_each_turn_asks_for_at_most_what_fits_in_the_context(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # SGLang rejects prompt + max_new_tokens over its context: ask for what still fits.
+    n_prompt = len(prompt_token_ids(tokenizer, PROMPT.messages))
+    engine, rollout, [s] = make(
+        tokenizer, [TURN1, TURN2], context_length=n_prompt + 5, max_tokens_per_turn=50
+    )
+    await rollout.run_sample(s)
+    assert engine.calls[0]["max_new_tokens"] == 5
+    assert len(s.response_ids) == 5 and s.status == Status.CONTEXT_LIMIT
+    assert to_trajectory(s).finish_reason == FinishReason.FINISH_REASON_CONTEXT_LIMIT
