@@ -245,9 +245,11 @@ class InferenceClient:
     async def continue_generation(self) -> None:
         await self._request("POST", "/continue_generation", {})
 
-    async def update_weights_from_disk(self, model_path: str) -> int:
-        """Load a checkpoint directory; returns the new weight version (current + 1)."""
-        new = (await self.get_model_info())["weight_version"] + 1
+    async def update_weights_from_disk(self, model_path: str, version: int | None = None) -> int:
+        """Load a checkpoint directory as weight `version` (default: current + 1); returns it."""
+        new = version
+        if new is None:
+            new = (await self.get_model_info())["weight_version"] + 1
         # Not retried: a timed-out update may still be running on the server.
         data = await self._request(
             "POST",

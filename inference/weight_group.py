@@ -42,6 +42,33 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def host_store(master_address: str, master_port: int, timeout_s: float = 600.0) -> Any:
+    """The rendezvous server a sender (rank 0) runs on `master_port` for its whole life.
+
+    One server for every connection of the sender (each under its own group-name prefix, each
+    with its own `store_client`): a connection that failed leaves its joining thread blocked
+    in a wait on its store, and a second server on the same port cannot start (EADDRINUSE)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        master_address,
+        master_port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def store_client(master_address: str, master_port: int, timeout_s: float = 600.0) -> Any:
+    """A connection of its own to a `host_store` (a store blocks all its users while one
+    thread waits on it)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        master_address, master_port, is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
+
+
 def new_weight_group(
     *,
     backend: str,
@@ -51,8 +78,10 @@ def new_weight_group(
     rank: int,
     group_name: str,
     timeout_s: float = 600.0,
+    store: Any = None,
 ) -> Any:
-    """Join (rank 0: host) the group; blocks until all `world_size` ranks have joined."""
+    """Join (rank 0: host) the group; blocks until all `world_size` ranks have joined.
+    `store`: rank 0's `host_store` (default: a rendezvous on `master_address:master_port`)."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
@@ -62,9 +91,10 @@ def new_weight_group(
     )
 
     timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(
-        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
-    )
+    if store is None:
+        store, rank, world_size = next(
+            rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+        )
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     # The keyword was renamed across torch releases (pg_options -> backend_options).

@@ -37,7 +37,9 @@ from inference.weight_group import (
     destroy_weight_group,
     dtype_from_name,
     dtype_name,
+    host_store,
     new_weight_group,
+    store_client,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class WeightSender:
         self._dtype = dtype
         self._clients = [InferenceClient(u, token=token, timeout_s=timeout_s) for u in engine_urls]
         self._group: Any = None
+        self._store: Any = None  # the rendezvous server on master_port, from the first connect
         self.refusal_grace_s = 5.0
 
     async def connect(self) -> None:
@@ -98,9 +101,12 @@ class WeightSender:
         # collective thread is still blocked) stays registered under its name in this
         # process, and reusing that name would make every later connect fail.
         self.group_name = f"{self.base_group_name}-{secrets.token_hex(4)}"
+        if self._store is None:
+            self._store = host_store(self.master_addr, self.master_port, self.timeout_s)
         host = _in_daemon_thread(
             functools.partial(
                 new_weight_group,
+                store=store_client(self.master_addr, self.master_port, self.timeout_s),
                 backend=self.backend,
                 master_address=self.master_addr,
                 master_port=self.master_port,
@@ -124,17 +130,19 @@ class WeightSender:
             ),
             return_exceptions=True,
         )
-        # If our own rank 0 fails, the engines would wait for it until their timeout: fail
-        # fast instead of awaiting their joins.
-        await asyncio.wait({host, joins}, return_when=asyncio.FIRST_EXCEPTION)
+        # Whichever side fails first fails the connect: if our own rank 0 fails, the engines
+        # would wait for it until their timeout; if an engine cannot join (not up yet), our
+        # rank 0 would.
+        await asyncio.wait({host, joins}, return_when=asyncio.FIRST_COMPLETED)
         if host.done() and host.exception() is not None:
             joins.cancel()
             raise host.exception()  # type: ignore[misc]
-        errors = [r for r in await joins if isinstance(r, BaseException)]
-        if errors:
-            # The rendezvous thread stays blocked until its timeout; it is a daemon thread,
-            # so it does not keep the process alive.
-            raise errors[0]
+        if joins.done():
+            errors = [r for r in joins.result() if isinstance(r, BaseException)]
+            if errors:
+                # Our rank 0 stays blocked in its join until the timeout: a daemon thread, it
+                # does not keep the process alive, and its group name is never reused.
+                raise errors[0]
         self._group = await host
         if self._dtype is None:
             info = await self._clients[0].get_model_info()
@@ -266,6 +274,17 @@ class WeightSender:
             if errors:
                 raise errors[0]
         return total
+
+    @property
+    def connected(self) -> bool:
+        return self._group is not None
+
+    def disconnect(self) -> None:
+        """Give the current group up after a failed push (a collective may be stuck in it);
+        the next `connect()` makes a new one on the same rendezvous store."""
+        group, self._group = self._group, None
+        if group is not None:
+            abandon_weight_group(group)
 
     async def close(self) -> None:
         if self._group is not None:

@@ -145,6 +145,14 @@ class WeightPushConfig(Section):
         "SGLang, whose /get_model_info does not say (our engine does): set it to SGLang's --dtype.",
     )
     disk_dir: str | None = Field(default=None, description="Where disk pushes export weights.")
+    retry_deadline_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="A failed push is retried (backoff from retry_backoff_s, doubling, at most "
+        "30 s) for this long; then the trainer stops with an error (exit 1) instead of training "
+        "on while the engines serve old weights (sync rollouts would wait for them forever).",
+    )
+    retry_backoff_s: float = Field(default=1.0, gt=0)
 
 
 class DType(StrEnum):

@@ -33,6 +33,10 @@ from trainer.weights import WeightPusher
 log = logging.getLogger(__name__)
 
 
+class WeightPushFailed(RuntimeError):
+    """The engines could not be given the current weights within the retry deadline."""
+
+
 class GroupBuffer:
     """Holds deliveries until their prompt group is complete (`group_size` members)."""
 
@@ -203,17 +207,45 @@ class TrainingLoop:
             raise
 
     async def _push(self, step: int) -> dict[str, float]:
-        try:
-            res = await self.pusher.push(self.backend, step)
-        except Exception as e:
-            # Inference keeps serving the previous version; the next push catches up.
+        """Push the weights of `step` as version `step`, retried until
+        `weight_push.retry_deadline_s`; past it, WeightPushFailed stops the trainer. Going on
+        instead would leave sync rollouts waiting forever for a version that never comes."""
+        cfg = self.cfg.weight_push
+        deadline = time.monotonic() + cfg.retry_deadline_s
+        delay, failures = cfg.retry_backoff_s, 0
+        while True:
+            res, error = None, None
+            try:
+                res = await self.pusher.push(self.backend, step)
+            except Exception as e:
+                error = repr(e)
+            # Only the main rank sends; every rank must agree on retrying (the gather is
+            # collective).
+            error = broadcast_object(error, self.info)
+            if error is None:
+                break
+            failures += 1
             ERRORS.labels("weight_push").inc()
-            log.warning("weight push failed", extra={"step": step, "error": repr(e)})
-            return {"weight_push/failed": 1.0}
+            if time.monotonic() + delay > deadline:
+                log.error(
+                    "weight push failed; giving up",
+                    extra={"step": step, "attempts": failures, "error": error},
+                )
+                raise WeightPushFailed(
+                    f"weights of step {step} not pushed after {failures} attempts "
+                    f"(trainer.weight_push.retry_deadline_s={cfg.retry_deadline_s}): {error}"
+                )
+            log.warning(
+                "weight push failed; retrying",
+                extra={"step": step, "attempt": failures, "in_s": delay, "error": error},
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        out = {"weight_push/retries": float(failures)}
         if res is None:
-            return {}
+            return out
         self.status.weight_version = res.weight_version
-        return {"time/weight_push_s": res.seconds, "weight_push/bytes": float(res.bytes)}
+        return {**out, "time/weight_push_s": res.seconds, "weight_push/bytes": float(res.bytes)}
 
     async def _checkpoint(self) -> float:
         assert self.ckpt is not None

@@ -1,4 +1,9 @@
-"""Pushing the trainer's weights to the inference engines and bumping the weight version.
+"""Pushing the trainer's weights to the inference engines; the weight version is the trainer's.
+
+A push after training step k makes the engines serve version k (the checkpointed step on a
+resume), never "the engine's version + 1": the trainer's step is the one owner of the policy
+version, so a failed push, a retried push or a crash between push and checkpoint cannot make
+the engines' version drift from the step that produced the weights.
 
 `disk`: export a Hugging Face directory, then `POST /update_weights_from_disk` on every engine.
 `distributed`: `inference.weight_sync.WeightSender` broadcasts the tensors (gloo on CPU, NCCL on
@@ -9,7 +14,6 @@ trainer runs (with `mode: none`) without it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -48,22 +52,25 @@ class WeightPusher:
         return self.enabled and step % self.cfg.every_steps == 0
 
     async def connect(self) -> None:
-        if self.cfg.mode != PushMode.DISTRIBUTED or self._sender is not None:
+        if self.cfg.mode != PushMode.DISTRIBUTED:
             return
         from inference.weight_group import dtype_from_name
         from inference.weight_sync import WeightSender
 
-        sender = WeightSender(
-            self.cfg.engine_urls,
-            master_addr=self.cfg.master_addr,
-            master_port=self.cfg.master_port,
-            backend=self.cfg.backend,
-            bucket_bytes=self.cfg.bucket_bytes,
-            token=self.token,
-            dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
-        )
-        await sender.connect()
-        self._sender = sender  # only once connected: a failed connect is retried next push
+        if self._sender is None:
+            # One sender for the trainer's life: its rendezvous store holds master_port, and a
+            # reconnect after a failure reuses it.
+            self._sender = WeightSender(
+                self.cfg.engine_urls,
+                master_addr=self.cfg.master_addr,
+                master_port=self.cfg.master_port,
+                backend=self.cfg.backend,
+                bucket_bytes=self.cfg.bucket_bytes,
+                token=self.token,
+                dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
+            )
+        if not self._sender.connected:
+            await self._sender.connect()
 
     async def push(self, backend: TrainerBackend, step: int) -> PushResult | None:
         """Collective over trainer ranks (gathering full tensors); the main rank sends."""
@@ -75,19 +82,18 @@ class WeightPusher:
             )
             if out is None:
                 return None
-            version, nbytes = await self._update_from_disk(str(out)), _dir_bytes(out)
+            version, nbytes = await self._update_from_disk(str(out), step), _dir_bytes(out)
         else:
             named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if not backend.is_main:
                 return None
-            await self.connect()
             try:
-                stats = await self._sender.push(named)
+                await self.connect()
+                stats = await self._sender.push(named, version=step)
             except Exception:
-                # The weight group may be broken (an engine restarted): rebuild it next time.
-                with contextlib.suppress(Exception):
-                    await self.close()
-                self._sender = None
+                # The weight group may be broken (an engine restarted): a new one next time.
+                if self._sender is not None:
+                    self._sender.disconnect()
                 raise
             version, nbytes = int(stats.weight_version), int(stats.bytes)
         seconds = time.perf_counter() - start
@@ -99,12 +105,14 @@ class WeightPusher:
         )
         return PushResult(version, seconds, nbytes)
 
-    async def _update_from_disk(self, path: str) -> int:
+    async def _update_from_disk(self, path: str, version: int) -> int:
         from inference.client import InferenceClient
 
         clients = [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
         try:
-            versions = await asyncio.gather(*(c.update_weights_from_disk(path) for c in clients))
+            versions = await asyncio.gather(
+                *(c.update_weights_from_disk(path, version=version) for c in clients)
+            )
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
         return max(versions)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -95,7 +96,6 @@ async def test_logprobs_match_engine_and_pushes_update_it(
     assert metrics["logprob_diff/trainer_vs_rollout_abs_max"] < 1e-4
     assert max_diff(cfg, backend, trajs) > 1e-3  # the policy moved; the engine has old weights
 
-    v0 = (await client.get_model_info())["weight_version"]
     dist_push = WeightPusher(
         WeightPushConfig(mode="distributed", engine_urls=[server.url], master_port=free_port())
     )
@@ -103,9 +103,10 @@ async def test_logprobs_match_engine_and_pushes_update_it(
         res = await dist_push.push(backend, step=1)
     finally:
         await dist_push.close()
-    assert res is not None and res.weight_version == v0 + 1 and res.bytes > 0
+    # The version is the trainer's step, never "engine + 1".
+    assert res is not None and res.weight_version == 1 and res.bytes > 0
     fresh = await rollouts(client, seed=100)
-    assert all(t.weight_version == v0 + 1 for t in fresh)
+    assert all(t.weight_version == 1 for t in fresh)
     assert max_diff(cfg, backend, fresh) < 1e-4
 
     train_on(fresh, backend, cfg)
@@ -113,7 +114,7 @@ async def test_logprobs_match_engine_and_pushes_update_it(
         WeightPushConfig(mode="disk", engine_urls=[server.url], disk_dir=str(tmp_path / "w"))
     )
     res = await disk_push.push(backend, step=2)
-    assert res is not None and res.weight_version == v0 + 2
+    assert res is not None and res.weight_version == 2
     assert (tmp_path / "w" / "step_00000002" / "model.safetensors").exists()
     assert (tmp_path / "w" / "step_00000002" / "tokenizer.json").exists()
     again = await rollouts(client, seed=200)
@@ -160,6 +161,84 @@ async def test_resume_pushes_the_checkpointed_weights(
     resumed = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
     assert await resumed.resume()
     await resumed.run()  # max_steps reached: no training, only the realigning push
-    assert resumed.status.weight_version == v1 + 2
+    # The engines serve the checkpoint's step again (they used to end one version ahead per
+    # crash: every push was "engine + 1").
+    assert v1 == 1 and resumed.status.weight_version == 1
+    assert (await client.get_model_info())["weight_version"] == 1
     assert max_diff(cfg, trained, await rollouts(client, seed=500)) < 1e-4
     await bus.close()
+
+
+def loop_config(tiny_model_dir: Path, push: WeightPushConfig) -> TrainerConfig:
+    from trainer.config import BatchConfig
+
+    return TrainerConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        optim=OptimConfig(lr=1e-2),
+        loss=LossConfig(kl_coef=0.0),
+        batch=BatchConfig(groups_per_step=3, consume_block_s=0.1),
+        weight_push=push,
+        max_steps=1,
+    )
+
+
+async def test_a_failed_push_is_retried_until_the_engine_has_the_step(
+    client: InferenceClient, tiny_model_dir: Path, redis_server
+) -> None:  # type: ignore[no-untyped-def]
+    """Sync mode used to deadlock after one failed push: the trainer logged it and went on
+    while the orchestrator waited forever for that version."""
+    from searchr1.bus import TrajectoryBus
+    from searchr1.sections import BusConfig
+    from trainer.loop import TrainingLoop
+
+    port = free_port()  # no engine there yet: the first pushes fail
+    cfg = loop_config(
+        tiny_model_dir,
+        WeightPushConfig(
+            mode="distributed", engine_urls=[f"http://127.0.0.1:{port}"],
+            master_port=free_port(), retry_backoff_s=0.5, retry_deadline_s=120,
+        ),
+    )  # fmt: skip
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
+    await bus.publish(await rollouts(client, seed=600))
+    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    task = asyncio.create_task(loop.run())
+    try:
+        while not task.done() and loop.status.step < 1:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)  # a few failed attempts
+        assert not task.done()
+        with InferenceServerProcess(tiny_model_dir, port=port) as late:
+            await asyncio.wait_for(task, timeout=120)
+            async with InferenceClient(late.url) as c:
+                assert (await c.get_model_info())["weight_version"] == 1
+        assert loop.status.weight_version == 1
+        assert loop.status.last_metrics["weight_push/retries"] >= 1
+    finally:
+        task.cancel()
+        await loop.pusher.close()
+        await bus.close()
+
+
+async def test_a_push_that_keeps_failing_stops_the_trainer(
+    client: InferenceClient, tiny_model_dir: Path, redis_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from searchr1.bus import TrajectoryBus
+    from searchr1.sections import BusConfig
+    from trainer.loop import TrainingLoop, WeightPushFailed
+
+    cfg = loop_config(
+        tiny_model_dir,
+        WeightPushConfig(
+            mode="disk", engine_urls=[f"http://127.0.0.1:{free_port()}"],  # nobody there
+            disk_dir=str(tmp_path / "w"), retry_backoff_s=0.2, retry_deadline_s=1.0,
+        ),
+    )  # fmt: skip
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
+    await bus.publish(await rollouts(client, seed=700))
+    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    try:
+        with pytest.raises(WeightPushFailed, match="retry_deadline_s"):
+            await asyncio.wait_for(loop.run(), timeout=60)
+    finally:
+        await bus.close()
