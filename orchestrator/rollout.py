@@ -150,14 +150,17 @@ class Rollout:
         ids = list(result.output_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         sample.append_model(ids, result.logprobs, text)
-        sample.weight_versions.append(int(result.weight_version))
+        # A push may land mid-turn: the turn's first token came from its start version, and
+        # staleness is counted from there (the oldest weights in the sample).
+        start_version = int(result.start_weight_version)
+        sample.weight_versions += [start_version, int(result.weight_version)]
         turn = TurnRecord(
             index=turn_index,
             action="none",
             generated_tokens=len(ids),
             generate_latency_s=latency,
             engine_finish_reason=str(result.finish_reason),
-            weight_version=int(result.weight_version),
+            weight_version=start_version,
         )
         sample.turns.append(turn)
         sample.generate_s += latency

@@ -29,6 +29,7 @@ class Result:
     prompt_tokens: int
     completion_tokens: int
     weight_version: int
+    start_weight_version: int
 
 
 @dataclass
@@ -42,6 +43,9 @@ class ScriptedEngine:
     tokenizer: Any
     turns: list[str]
     weight_version: int = 0
+    # The version of each turn's first token; None: the same as weight_version (no update
+    # landed mid-turn).
+    start_weight_version: int | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     emitted: int = 0
     # context after each returned turn -> that turn's index (samples interleave freely)
@@ -74,4 +78,9 @@ class ScriptedEngine:
             prompt_tokens=len(input_ids),
             completion_tokens=len(ids),
             weight_version=self.weight_version,
+            start_weight_version=(
+                self.weight_version
+                if self.start_weight_version is None
+                else self.start_weight_version
+            ),
         )

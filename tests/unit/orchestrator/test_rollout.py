@@ -273,3 +273,14 @@ async def test_each_turn_asks_for_at_most_what_fits_in_the_context(tokenizer) ->
     assert engine.calls[0]["max_new_tokens"] == 5
     assert len(s.response_ids) == 5 and s.status == Status.CONTEXT_LIMIT
     assert to_trajectory(s).finish_reason == FinishReason.FINISH_REASON_CONTEXT_LIMIT
+
+
+async def test_a_turn_is_stamped_with_the_version_it_started_with(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # A push landed mid-turn (SGLang's weight_versions spans: 3 then 4): the sample holds
+    # version-3 tokens, so its staleness counts from 3, not from 4.
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2])
+    engine.weight_version, engine.start_weight_version = 4, 3
+    await rollout.run_sample(s)
+    assert [t.weight_version for t in s.turns] == [3, 3]
+    traj = to_trajectory(s)
+    assert traj.weight_version == 3 and traj.max_weight_version == 4
