@@ -203,3 +203,16 @@ def test_cpu_values_need_no_gpu() -> None:
     assert env["SEARCHR1_TRAINER__WEIGHT_PUSH__BACKEND"] == "gloo"
     assert not any(k.startswith("NCCL_") for k in env)
     assert "--nproc-per-node=1" in c["command"]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_redis_fsyncs_every_write(values: str) -> None:
+    """With everysec a crash can lose an acknowledged ack; XAUTOCLAIM then hands the entries
+    out again and they are trained twice."""
+    docs = stack.render_chart(values)
+    redis = [d for d in docs if d["metadata"]["name"].endswith("-redis") and stack.pod_spec(d)]
+    if not redis:
+        pytest.skip("this values file uses an external Redis")
+    cmd = " ".join(" ".join(c.get("command", []) + c.get("args", []))
+                   for c in stack.pod_spec(redis[0])["containers"])  # fmt: skip
+    assert "--appendfsync always" in cmd

@@ -72,6 +72,8 @@ def test_redis_has_a_password_and_aof_persistence() -> None:
     redis = SERVICES["redis"]
     cmd = " ".join(redis["command"])
     assert "--appendonly yes" in cmd and "--requirepass" in cmd
+    # The bus's zero-loss, exactly-once promise needs every ack on disk before it is answered.
+    assert "--appendfsync always" in cmd
     assert any(v.endswith(":/data") for v in redis["volumes"])
     assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
     # The URL the services use carries the same password variable.
