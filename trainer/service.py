@@ -35,7 +35,14 @@ def create_app(loop: TrainingLoop, bus: TrajectoryBus, *, resume: bool) -> FastA
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if resume:
-            await loop.resume()
+            try:
+                await loop.resume()
+            except Exception as e:
+                # Never a clean exit: compose's on-failure and a Kubernetes Job read exit 0 as
+                # "finished". uvicorn then stops with its start-up failure code (3).
+                log.error("resume failed", extra={"error": repr(e)}, exc_info=e)
+                app.state.exit_code = 1
+                raise
         # The weight group is joined lazily at the first push: engines may start after us.
         app.state.task = asyncio.create_task(loop.run(), name="training-loop")
         app.state.task.add_done_callback(_on_loop_done(app))

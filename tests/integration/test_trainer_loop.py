@@ -189,3 +189,26 @@ def test_trains_then_survives_sigkill_and_stops_cleanly(
     trained = sorted(i for r in lineage.values() for i in r["trajectory_ids"])
     assert trained == all_ids  # each exactly once: no loss, no duplicate
     assert lineage[4]["trajectory_ids"] == crashed_step4["trajectory_ids"]
+
+
+def test_a_resume_that_fails_exits_non_zero(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """compose's on-failure and the Kubernetes Job took exit 0 as "finished" when loading the
+    checkpoint failed inside the server's start-up."""
+    redis = RedisServer(data_dir=tmp_path / "redis").start()
+    try:
+        trainer = Trainer(tmp_path, redis.url, tiny_model_dir, every=1)
+        broken = trainer.ckpt / "step_00000003"
+        broken.mkdir(parents=True)
+        (broken / "trainer.json").write_text('{"step": 3}')
+        (broken / "state.pt").write_bytes(b"not a checkpoint")
+        (trainer.ckpt / "latest").write_text(broken.name)
+        done = subprocess.run(
+            [sys.executable, "-m", "searchr1.cli", "trainer", "run",
+             "--config", str(trainer.config), "--resume"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "resume failed" in done.stdout + done.stderr
+    finally:
+        redis.close()
