@@ -47,6 +47,21 @@ class SearchConfig(Section):
         default="Search failed: {error}. No results are available for this query.",
         description="Shown inside <information> when retries are exhausted; {error} is filled.",
     )
+    breaker_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Searches failed in a row (after their retries) that open the circuit "
+        "breaker: new searches then wait for the retriever instead of failing.",
+    )
+    breaker_probe_s: float = Field(
+        default=1.0, gt=0, description="While open: probe the retriever's /health this often."
+    )
+    breaker_max_wait_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A search waits at most this long for the retriever to come back, then "
+        "fails (an infrastructure failure, left out of training by default).",
+    )
 
 
 class RolloutConfig(Section):

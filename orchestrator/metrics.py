@@ -55,6 +55,9 @@ SEARCH_RETRIES = Counter("searchr1_search_retries_total", "Search attempts retri
 SEARCH_FAILURES = Counter(
     "searchr1_search_failures_total", "Searches failed after all retries", ["error"]
 )
+RETRIEVER_BREAKER_OPEN = Gauge(
+    "searchr1_retriever_circuit_open", "1 while searches wait for a retriever that is down"
+)
 EVAL_SCORE = Gauge(
     "searchr1_eval_score",
     "Greedy validation score on the fixed subset (last evaluation)",

@@ -254,6 +254,7 @@ class Rollout:
         sample.tool_s += outcome.latency_s
         if outcome.error:
             turn.error = outcome.error
+            sample.infrastructure_failure = True
             body = self.search_tool.cfg.failure_observation.format(error=outcome.error)
         else:
             turn.doc_ids = [str(d.id) for d in outcome.docs]

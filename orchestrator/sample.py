@@ -73,6 +73,8 @@ class Sample:
     finished_at: float = 0.0
     generate_s: float = 0.0
     tool_s: float = 0.0
+    # A search failed after every retry (retriever down): not the policy's doing.
+    infrastructure_failure: bool = False
     reward_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
     # The sampling temperature sent to the engine (0 = greedy); its logprobs are of logits / T.

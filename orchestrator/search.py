@@ -1,8 +1,16 @@
-"""The search tool: a global concurrency cap, a timeout per attempt, bounded retries.
+"""The search tool: a global concurrency cap, a timeout per attempt, bounded retries, and a
+circuit breaker.
 
 An exhausted retry budget is an explicit outcome (`SearchOutcome.error`): the rollout shows the
-policy a failure observation, records the error on the turn and counts it. Nothing becomes a
+policy a failure observation, records the error on the turn, flags the sample as an
+infrastructure failure (left out of training by default) and counts it. Nothing becomes a
 silent empty `<information></information>` (slime's client defect).
+
+After `breaker_failures` such outcomes in a row the breaker opens: new searches wait (probing
+the retriever's /health every `breaker_probe_s`, at most `breaker_max_wait_s`) instead of
+turning a retriever outage into training data that says searching does not pay. The first
+successful probe closes it. Open/closed is a gauge, a log line each way, and the orchestrator's
+/ready.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ log = logging.getLogger(__name__)
 class SearchClient(Protocol):
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[Any]]: ...
 
+    async def health(self) -> bool: ...
+
 
 @dataclass
 class SearchOutcome:
@@ -54,10 +64,55 @@ class SearchTool:
         self.cfg = cfg
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._outage_logged = False
+        self._failures_in_a_row = 0
+        self._closed = asyncio.Event()  # set: the breaker is closed (searches go through)
+        self._closed.set()
+        self._prober: asyncio.Task[None] | None = None
+
+    @property
+    def breaker_open(self) -> bool:
+        return not self._closed.is_set()
+
+    def _record(self, failed: bool) -> None:
+        if not failed:
+            self._failures_in_a_row = 0
+            return
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row >= self.cfg.breaker_failures and not self.breaker_open:
+            self._closed.clear()
+            metrics.RETRIEVER_BREAKER_OPEN.set(1)
+            log.warning(
+                "retriever circuit breaker open: new searches wait for the retriever",
+                extra={"failures_in_a_row": self._failures_in_a_row},
+            )
+            self._prober = asyncio.create_task(self._probe_until_healthy())
+
+    async def _probe_until_healthy(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.breaker_probe_s)
+            try:
+                healthy = await self.client.health()
+            except Exception:
+                healthy = False
+            if healthy:
+                break
+        self._failures_in_a_row = 0
+        self._closed.set()
+        metrics.RETRIEVER_BREAKER_OPEN.set(0)
+        log.info("retriever circuit breaker closed: the retriever answers again")
 
     async def search(self, query: str) -> SearchOutcome:
         start = time.perf_counter()
         outcome = SearchOutcome()
+        if self.breaker_open:
+            try:
+                async with asyncio.timeout(self.cfg.breaker_max_wait_s):
+                    await self._closed.wait()
+            except TimeoutError:
+                outcome.error = f"retriever down for more than {self.cfg.breaker_max_wait_s}s"
+                metrics.SEARCH_FAILURES.labels("CircuitOpen").inc()
+                outcome.latency_s = time.perf_counter() - start
+                return outcome
 
         def before_sleep(state: RetryCallState) -> None:
             metrics.SEARCH_RETRIES.inc()
@@ -81,7 +136,10 @@ class SearchTool:
                             result = await self.client.search([query], self.cfg.topk)
                     outcome.docs = result[0]
             self._outage_logged = False
+            self._record(failed=False)
         except Exception as e:
+            # A bad request (4xx) is the query's fault, not an outage.
+            self._record(failed=_is_retryable(e))
             outcome.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if isinstance(e, TimeoutError):
                 outcome.error = f"timed out after {self.cfg.timeout_s}s"

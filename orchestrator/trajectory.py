@@ -63,6 +63,7 @@ def to_trajectory(s: Sample) -> Trajectory:
         if s.status
         else FinishReason.FINISH_REASON_UNSPECIFIED,
         error=s.error,
+        infrastructure_failure=s.infrastructure_failure,
         timings=Timings(
             created_at=s.created_at,
             finished_at=s.finished_at,

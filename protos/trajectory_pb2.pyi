@@ -84,7 +84,7 @@ class Timings(_message.Message):
     def __init__(self, created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., generate_s: _Optional[float] = ..., tool_s: _Optional[float] = ..., reward_s: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("schema_version", "trajectory_id", "group_id", "sample_index", "group_size", "data_source", "prompt_id", "prompt_token_ids", "response_token_ids", "loss_mask", "rollout_logprobs", "has_rollout_logprobs", "reward", "weight_version", "max_weight_version", "turns", "finish_reason", "error", "timings", "gold_answers", "rollout_step", "metadata", "temperature")
+    __slots__ = ("schema_version", "trajectory_id", "group_id", "sample_index", "group_size", "data_source", "prompt_id", "prompt_token_ids", "response_token_ids", "loss_mask", "rollout_logprobs", "has_rollout_logprobs", "reward", "weight_version", "max_weight_version", "turns", "finish_reason", "error", "timings", "gold_answers", "rollout_step", "metadata", "temperature", "infrastructure_failure")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class Trajectory(_message.Message):
     ROLLOUT_STEP_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    INFRASTRUCTURE_FAILURE_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     trajectory_id: str
     group_id: str
@@ -138,4 +139,5 @@ class Trajectory(_message.Message):
     rollout_step: int
     metadata: _containers.ScalarMap[str, str]
     temperature: float
-    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., data_source: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., has_rollout_logprobs: _Optional[bool] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., weight_version: _Optional[int] = ..., max_weight_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., gold_answers: _Optional[_Iterable[str]] = ..., rollout_step: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    infrastructure_failure: bool
+    def __init__(self, schema_version: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., data_source: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., has_rollout_logprobs: _Optional[bool] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., weight_version: _Optional[int] = ..., max_weight_version: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., gold_answers: _Optional[_Iterable[str]] = ..., rollout_step: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., temperature: _Optional[float] = ..., infrastructure_failure: _Optional[bool] = ...) -> None: ...

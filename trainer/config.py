@@ -46,6 +46,12 @@ class LossConfig(Section):
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
     log_ratio_clamp: float = Field(default=20.0, gt=0, description="|log-ratio| bound before exp.")
     old_logprobs: OldLogprobSource = OldLogprobSource.RECOMPUTE
+    train_on_infrastructure_failures: bool = Field(
+        default=False,
+        description="Train samples whose search failed because the retriever was down (they "
+        "would teach the policy that searching does not pay). False: left out of the batch, "
+        "counted in samples/infrastructure_failures; their group's advantages use the rest.",
+    )
 
 
 class TISMode(StrEnum):

@@ -27,6 +27,9 @@ def build_samples(
     trajectories: Sequence[Trajectory], cfg: TrainerConfig
 ) -> tuple[list[Sample], dict[str, float]]:
     """Samples ordered by group (so mini-batches keep groups together), with advantages."""
+    infra = sum(t.infrastructure_failure for t in trajectories)
+    if not cfg.loss.train_on_infrastructure_failures:
+        trajectories = [t for t in trajectories if not t.infrastructure_failure]
     order = sorted(range(len(trajectories)), key=lambda i: (trajectories[i].group_id, i))
     samples: list[Sample] = []
     nonfinite = 0
@@ -62,6 +65,7 @@ def build_samples(
         # Response tokens that are retrieved text (loss mask 0): if it dominates, little trains.
         "loss_mask/observation_fraction": 1.0 - masked / total_resp if total_resp else 0.0,
         "nonfinite_rollout_logprobs": float(nonfinite),
+        "samples/infrastructure_failures": float(infra),
     }
     if ems:
         metrics["reward/em"] = statistics.fmean(ems)

@@ -91,3 +91,65 @@ async def test_failure_observation_reaches_policy_and_turn(tokenizer) -> None:  
         s.response_text
     )
     assert s.status.value == "answered"
+
+
+class Outage(Flaky):
+    """Down (every search fails, /health false) until `up()`."""
+
+    def __init__(self) -> None:
+        super().__init__(failures=10**9)
+        self.healthy = False
+        self.health_calls = 0
+
+    def up(self) -> None:
+        self.failures, self.healthy = self.calls, True
+
+    async def health(self) -> bool:
+        self.health_calls += 1
+        return self.healthy
+
+
+async def test_an_outage_opens_the_breaker_and_searches_wait_for_the_retriever() -> None:
+    """A retriever outage used to become training data: every sample got a failure
+    observation. Now searches wait for the retriever once failures come in a row."""
+    client = Outage()
+    tool = SearchTool(
+        client, SearchConfig(max_attempts=2, breaker_failures=2, breaker_probe_s=0.01, **FAST)
+    )
+    for _ in range(2):
+        assert (await tool.search("q")).error  # the failures that open it
+    assert tool.breaker_open and metrics.RETRIEVER_BREAKER_OPEN._value.get() == 1
+    calls = client.calls
+    waiting = asyncio.create_task(tool.search("q"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done() and client.calls == calls  # waits; no search is attempted
+    client.up()
+    out = await asyncio.wait_for(waiting, 5)
+    assert out.error == "" and [d.id for d in out.docs] == ["1"]
+    assert not tool.breaker_open and metrics.RETRIEVER_BREAKER_OPEN._value.get() == 0
+
+
+async def test_a_search_waits_at_most_breaker_max_wait_s() -> None:
+    client = Outage()
+    tool = SearchTool(
+        client,
+        SearchConfig(
+            max_attempts=1, breaker_failures=1, breaker_probe_s=0.01, breaker_max_wait_s=0.2,
+            **FAST,
+        ),
+    )  # fmt: skip
+    await tool.search("q")
+    out = await tool.search("q")
+    assert "retriever down for more than 0.2s" in out.error and client.health_calls > 0
+
+
+async def test_a_failed_search_flags_the_sample_as_an_infrastructure_failure(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.trajectory import to_trajectory
+
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
+    tool = SearchTool(Flaky(10**9), SearchConfig(max_attempts=1, breaker_failures=99, **FAST))
+    rollout = Rollout(RolloutConfig(), engine, tool, tokenizer)
+    ids = prompt_token_ids(tokenizer, PROMPT.messages)
+    [s] = new_group(PROMPT, ids, group_size=1, rollout_step=0, run_id="r")
+    await rollout.run_sample(s)
+    assert s.infrastructure_failure and to_trajectory(s).infrastructure_failure

@@ -1,0 +1,38 @@
+"""Samples whose search failed because the retriever was down stay out of the loss by default."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import make_trajectory
+from trainer.config import LossConfig, TrainerConfig
+from trainer.step import build_samples
+
+
+def group(rewards: list[float], *, failed: set[int]) -> list:  # type: ignore[type-arg]
+    out = []
+    for k, r in enumerate(rewards):
+        t = make_trajectory(f"t-{k}", group_id="g", seed=k)
+        t.group_size = len(rewards)
+        t.reward.total = r
+        t.infrastructure_failure = k in failed
+        out.append(t)
+    return out
+
+
+def test_infrastructure_failures_are_left_out_and_counted() -> None:
+    # Sample 3 failed (reward 0 only because the retriever was down): without it the group's
+    # advantages come from the three healthy samples alone.
+    samples, m = build_samples(group([1.0, 0.0, 1.0, 0.0], failed={3}), TrainerConfig())
+    assert sorted(s.sample_id for s in samples) == ["t-0", "t-1", "t-2"]
+    assert m["samples/infrastructure_failures"] == 1.0
+    adv = {s.sample_id: s.advantage for s in samples}
+    mean, std = 2 / 3, (1 / 3) ** 0.5  # unbiased std of [1, 0, 1]
+    assert adv["t-0"] == pytest.approx((1 - mean) / (std + 1e-6))
+    assert adv["t-1"] == pytest.approx((0 - mean) / (std + 1e-6))
+
+
+def test_they_can_be_trained_on_purpose() -> None:
+    cfg = TrainerConfig(loss=LossConfig(train_on_infrastructure_failures=True))
+    samples, m = build_samples(group([1.0, 0.0, 1.0, 0.0], failed={3}), cfg)
+    assert len(samples) == 4 and m["samples/infrastructure_failures"] == 1.0
