@@ -198,6 +198,12 @@ class TrainerConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     weight_push: WeightPushConfig = Field(default_factory=WeightPushConfig)
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
+    lease_ttl_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="One trainer per bus stream: it holds a Redis lease renewed every third of "
+        "this; a second trainer is refused, and one that loses its lease stops at once.",
+    )
     metrics_jsonl: str | None = Field(default=None, description="Append one JSON line per step.")
     tensorboard_dir: str | None = Field(
         default=None, description="Used when tensorboard is installed."

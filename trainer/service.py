@@ -9,6 +9,7 @@ compute runs in a worker thread so the HTTP endpoints stay responsive. SIGTERM (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from searchr1.bus import TrajectoryBus
+from searchr1.lease import LeaseHeld, RedisLease
 from searchr1.sections import BusConfig, HttpConfig
 from searchr1.service import create_service_app, uvicorn_server
 from trainer.loop import TrainingLoop
@@ -34,6 +36,17 @@ def create_app(loop: TrainingLoop, bus: TrajectoryBus, *, resume: bool) -> FastA
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # One trainer per run: a second one would train the same entries, or ack what it did
+        # not checkpoint. A restarted trainer waits for its dead predecessor's lease to expire.
+        lease = RedisLease(bus.redis, f"{bus.stream}:trainer-lease", ttl_s=loop.cfg.lease_ttl_s)
+        try:
+            await lease.acquire(wait_s=loop.cfg.lease_ttl_s * 1.5)
+        except LeaseHeld as e:
+            log.error("another trainer is training this run", extra={"error": str(e)})
+            app.state.exit_code = 1
+            raise
+        keeper = asyncio.create_task(lease.keep(), name="trainer-lease")
+        keeper.add_done_callback(_on_lease_lost(app))
         if resume:
             try:
                 await loop.resume()
@@ -52,6 +65,9 @@ def create_app(loop: TrainingLoop, bus: TrajectoryBus, *, resume: bool) -> FastA
             loop.stop_event.set()
             await asyncio.gather(app.state.task, return_exceptions=True)
             await loop.pusher.close()
+            keeper.cancel()
+            with contextlib.suppress(Exception):
+                await lease.release()
 
     app = create_service_app(
         "trainer", ready_checks={"model": model_ready, "bus": bus_ready}, lifespan=lifespan
@@ -76,6 +92,23 @@ def _ignore_signals_after_shutdown() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
+
+
+def _on_lease_lost(app: FastAPI):  # type: ignore[no-untyped-def]
+    def lost(task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        # Another trainer may own the run now: stop without a checkpoint or an ack.
+        log.error("trainer lease lost; stopping", extra={"error": repr(task.exception())})
+        app.state.exit_code = 1
+        loop_task = getattr(app.state, "task", None)
+        if loop_task is not None:
+            loop_task.cancel()
+        server = getattr(app.state, "server", None)
+        if server is not None:
+            server.should_exit = True
+
+    return lost
 
 
 def _on_loop_done(app: FastAPI):  # type: ignore[no-untyped-def]

@@ -98,6 +98,8 @@ class Trainer:
                 "loss": {"kl_coef": 0.001},
                 "checkpoint": {"dir": str(self.ckpt), "every_steps": every},
                 "metrics_jsonl": str(self.jsonl),
+                # A restart after SIGKILL waits for the dead trainer's lease: keep it short.
+                "lease_ttl_s": 2.0,
             },
         }
         self.config = workdir / "config.yaml"
@@ -210,5 +212,29 @@ def test_a_resume_that_fails_exits_non_zero(tmp_path: Path, tiny_model_dir: Path
         )  # fmt: skip
         assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert "resume failed" in done.stdout + done.stderr
+    finally:
+        redis.close()
+
+
+def test_a_second_trainer_on_the_same_run_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two trainers on one stream would train the same entries twice (or ack what the other
+    did not checkpoint)."""
+    redis = RedisServer(data_dir=tmp_path / "redis").start()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Trainer(tmp_path / "a", redis.url, tiny_model_dir, every=1)
+    second = Trainer(tmp_path / "b", redis.url, tiny_model_dir, every=1)
+    try:
+        first.start()
+        done = subprocess.run(
+            [sys.executable, "-m", "searchr1.cli", "trainer", "run",
+             "--config", str(second.config)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert "another trainer is training this run" in done.stdout + done.stderr
+        assert first.proc is not None and first.proc.poll() is None  # the first one goes on
+        assert first.stop() == 0
     finally:
         redis.close()
