@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from orchestrator import metrics
 from orchestrator.config import Mode, OrchestratorConfig, StalePolicy
 from orchestrator.data import PromptSampler
+from orchestrator.evaluate import evaluate
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
 from orchestrator.sample import Prompt, Sample, Status, new_group
@@ -152,8 +153,6 @@ class Orchestrator:
         every = self.cfg.eval_every_steps
         if self.validation is None or every is None or (self.step % every and not final):
             return
-        from orchestrator.evaluate import evaluate
-
         rollout, prompts = self.validation
         result = await evaluate(self.cfg, rollout, prompts)
         for source, scores in result["per_source"].items():

@@ -1,8 +1,7 @@
-"""The orchestrator process: the rollout loop plus /health, /ready, /metrics, /status.
+"""Orchestrator wiring: clients from config, a Rollout over the live engine, the Orchestrator.
 
-`build_orchestrator` wires the clients (engine, retriever, bus) and the loop from the config;
-`serve` runs the loop and the HTTP endpoints together and returns when the loop is done (or
-on SIGTERM). Readiness is real: the engine answers, the retriever answers, Redis answers.
+What both the service (`orchestrator.server`) and the evaluation commands (`searchr1 eval`,
+the demo) build on; the HTTP layer lives in `server.py`.
 """
 
 from __future__ import annotations
@@ -15,16 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
+from orchestrator.evaluate import evaluate
 from orchestrator.loop import Orchestrator
 from orchestrator.rollout import Rollout
+from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
 from searchr1.sections import BusConfig
-from searchr1.service import create_service_app, uvicorn_server
 
 log = logging.getLogger(__name__)
 
@@ -152,76 +150,25 @@ async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orche
     )
 
 
-def create_app(clients: Clients, state: dict[str, Any]) -> FastAPI:
-    async def engine_ready() -> str:
-        info = await clients.engine.get_model_info()
-        return f"weight_version {info['weight_version']}"
+async def evaluate_served(
+    orch: OrchestratorConfig,
+    bus: BusConfig,
+    prompts: list[Prompt],
+    *,
+    redis_url: str | None = None,
+    concurrency: int = 64,
+) -> dict[str, Any]:
+    """`evaluate` against the engine and retriever `orch` points at (what `searchr1 eval` runs).
 
-    async def retriever_ready() -> str:
-        if not await clients.retriever.health():
-            raise RuntimeError("retriever /health failed")
-        return "ok"
-
-    async def redis_ready() -> str:
-        return str(await clients.bus.ping())
-
-    async def loop_ready() -> str:
-        if state.get("error"):
-            raise RuntimeError(state["error"])
-        return "running" if state.get("orchestrator") else "starting"
-
-    app = create_service_app(
-        "orchestrator",
-        ready_checks={
-            "engine": engine_ready,
-            "retriever": retriever_ready,
-            "redis": redis_ready,
-            "loop": loop_ready,
-        },
-    )
-
-    @app.get("/status")
-    async def status() -> dict[str, Any]:
-        orch: Orchestrator | None = state.get("orchestrator")
-        return {
-            "step": orch.step if orch else None,
-            "base_version": orch.base_version if orch else None,
-            "engine_version": orch.current_version if orch else None,
-            "running": bool(orch and orch.running),
-            "done": state.get("done", False),
-            "error": state.get("error"),
-            "last_step": orch.last_summary if orch else {},
-            "last_eval": orch.last_eval if orch else {},
-        }
-
-    return app
-
-
-async def serve(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> int:
-    """Run the loop with its HTTP endpoints; exit status 0 when all steps are done."""
-    clients = make_clients(cfg, redis_url, bus_cfg)
-    state: dict[str, Any] = {}
-    server = uvicorn_server(create_app(clients, state), cfg.http)
-
-    async def loop() -> None:
-        try:
-            orch = await build_orchestrator(cfg, clients)
-            state["orchestrator"] = orch
-            await orch.run()
-            state["done"] = True
-        except Exception as e:
-            state["error"] = f"{type(e).__name__}: {e}"
-            log.exception("rollout loop failed")
-        finally:
-            server.should_exit = True
-
+    Adds the engine's `weight_version` and `model_path` to the result.
+    """
+    # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
+    clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
-        task = asyncio.create_task(loop())
-        await server.serve()
-        if not task.done():  # SIGTERM: stop rolling out; unpublished groups are redone later
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        rollout, info = await connect_rollout(orch, clients, greedy=True)
+        result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
+        result["weight_version"] = info.get("weight_version")
+        result["model_path"] = info.get("model_path")
+        return result
     finally:
         await clients.aclose()
-    return 1 if state.get("error") else 0

@@ -1,0 +1,93 @@
+"""The orchestrator's HTTP layer: /health, /ready, /metrics, /status over the rollout loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+
+from orchestrator.config import OrchestratorConfig
+from orchestrator.loop import Orchestrator
+from orchestrator.wiring import Clients, build_orchestrator, make_clients
+from searchr1.sections import BusConfig
+from searchr1.service import create_service_app, uvicorn_server
+
+log = logging.getLogger(__name__)
+
+
+def create_app(clients: Clients, state: dict[str, Any]) -> FastAPI:
+    async def engine_ready() -> str:
+        info = await clients.engine.get_model_info()
+        return f"weight_version {info['weight_version']}"
+
+    async def retriever_ready() -> str:
+        if not await clients.retriever.health():
+            raise RuntimeError("retriever /health failed")
+        return "ok"
+
+    async def redis_ready() -> str:
+        return str(await clients.bus.ping())
+
+    async def loop_ready() -> str:
+        if state.get("error"):
+            raise RuntimeError(state["error"])
+        return "running" if state.get("orchestrator") else "starting"
+
+    app = create_service_app(
+        "orchestrator",
+        ready_checks={
+            "engine": engine_ready,
+            "retriever": retriever_ready,
+            "redis": redis_ready,
+            "loop": loop_ready,
+        },
+    )
+
+    @app.get("/status")
+    async def status() -> dict[str, Any]:
+        orch: Orchestrator | None = state.get("orchestrator")
+        return {
+            "step": orch.step if orch else None,
+            "base_version": orch.base_version if orch else None,
+            "engine_version": orch.current_version if orch else None,
+            "running": bool(orch and orch.running),
+            "done": state.get("done", False),
+            "error": state.get("error"),
+            "last_step": orch.last_summary if orch else {},
+            "last_eval": orch.last_eval if orch else {},
+        }
+
+    return app
+
+
+async def serve(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> int:
+    """Run the loop with its HTTP endpoints; exit status 0 when all steps are done."""
+    clients = make_clients(cfg, redis_url, bus_cfg)
+    state: dict[str, Any] = {}
+    server = uvicorn_server(create_app(clients, state), cfg.http)
+
+    async def loop() -> None:
+        try:
+            orch = await build_orchestrator(cfg, clients)
+            state["orchestrator"] = orch
+            await orch.run()
+            state["done"] = True
+        except Exception as e:
+            state["error"] = f"{type(e).__name__}: {e}"
+            log.exception("rollout loop failed")
+        finally:
+            server.should_exit = True
+
+    try:
+        task = asyncio.create_task(loop())
+        await server.serve()
+        if not task.done():  # SIGTERM: stop rolling out; unpublished groups are redone later
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await clients.aclose()
+    return 1 if state.get("error") else 0
