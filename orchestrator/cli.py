@@ -76,7 +76,7 @@ def run(
     from orchestrator.data import DataError, load_prompts
     from orchestrator.hooks import HookError
     from orchestrator.scoring import Scorer
-    from orchestrator.service import serve
+    from orchestrator.server import serve
 
     cfg = start_service("orchestrator", config)
     orch = cfg.orchestrator
@@ -151,8 +151,9 @@ def eval_command(
 ) -> None:
     """Greedy rollouts; prints EM / sub-EM / F1 per data source (and writes JSON)."""
     from orchestrator.data import DataError, load_prompts, validation_subset
-    from orchestrator.evaluate import evaluate_served, format_table
+    from orchestrator.evaluate import format_table
     from orchestrator.hooks import HookError
+    from orchestrator.wiring import evaluate_served
 
     cfg = start_service("orchestrator", config)
     orch = cfg.orchestrator

@@ -12,7 +12,6 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
-from searchr1.sections import BusConfig
 
 METRICS = ("em", "sub_em", "f1")
 
@@ -40,32 +39,6 @@ async def evaluate(
 
     samples = await asyncio.gather(*(one(p) for p in prompts))
     return summarize(list(samples), time.perf_counter() - start)
-
-
-async def evaluate_served(
-    orch: OrchestratorConfig,
-    bus: BusConfig,
-    prompts: list[Prompt],
-    *,
-    redis_url: str | None = None,
-    concurrency: int = 64,
-) -> dict[str, Any]:
-    """`evaluate` against the engine and retriever `orch` points at (what `searchr1 eval` runs).
-
-    Adds the engine's `weight_version` and `model_path` to the result.
-    """
-    from orchestrator.service import connect_rollout, make_clients
-
-    # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
-    clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
-    try:
-        rollout, info = await connect_rollout(orch, clients, greedy=True)
-        result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
-        result["weight_version"] = info.get("weight_version")
-        result["model_path"] = info.get("model_path")
-        return result
-    finally:
-        await clients.aclose()
 
 
 def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:

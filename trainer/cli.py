@@ -65,7 +65,7 @@ def run(
     from trainer.dist import init_distributed
     from trainer.hf_backend import HFBackend, load_hf_model
     from trainer.loop import TrainingLoop
-    from trainer.service import make_bus, run_follower, serve_trainer
+    from trainer.server import make_bus, run_follower, serve_trainer
     from trainer.weights import WeightPusher
 
     info = init_distributed(section.model.device)

@@ -182,7 +182,7 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     evaluation running behind the demo.
     """
     from orchestrator.data import load_prompts
-    from orchestrator.evaluate import evaluate_served
+    from orchestrator.wiring import evaluate_served
     from searchr1.config import load_config
     from searchr1.local.launcher import build_specs
     from searchr1.local.supervisor import Supervisor
