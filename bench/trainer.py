@@ -164,7 +164,7 @@ def raw_broadcast_seconds(nbytes: int) -> float:
 
 
 async def push_seconds(args: argparse.Namespace, tmp: Path) -> tuple[float, int]:
-    from inference.process import InferenceServerProcess
+    from tests.support.inference_server import InferenceServerProcess
     from inference.tiny_model import make_tiny_model
     from searchr1.redis_server import free_port
     from trainer.config import LossConfig, ModelConfig, TrainerConfig, WeightPushConfig

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from inference.client import InferenceClient
-from inference.process import InferenceServerProcess
+from tests.support.inference_server import InferenceServerProcess
 from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.redis_server import free_port
 from trainer.backend import LogprobKind

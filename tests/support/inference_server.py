@@ -1,4 +1,4 @@
-"""Run `searchr1 inference serve` as a child process: for tests, benchmarks and the demo.
+"""Run `searchr1 inference serve` as a child process: for tests and benchmarks.
 
     with InferenceServerProcess(model_dir) as server:
         client = InferenceClient(server.url)
