@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from inference.client import InferenceClient
-from tests.support.inference_server import InferenceServerProcess
 from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.redis_server import free_port
+from tests.support.inference_server import InferenceServerProcess
 from trainer.backend import LogprobKind
 from trainer.config import (
     LossConfig,
