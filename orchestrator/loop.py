@@ -33,6 +33,8 @@ from orchestrator.rollout import Rollout, run_group
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
 from orchestrator.trajectory import to_trajectory
+from searchr1.redis_retry import RedisRetry
+from searchr1.sections import BusConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class Engine(Protocol):
 
 class Bus(Protocol):
     redis: Any
+    config: BusConfig
 
     async def publish(self, trajectories: list[Any]) -> list[str]: ...
 
@@ -68,6 +71,8 @@ class Orchestrator:
         self.validation = validation  # (greedy rollout, the fixed validation subset)
         self.last_eval: dict[str, Any] = {}
         self.prefix = f"searchr1:orchestrator:{cfg.run_id}"
+        # The bus's deadline: one knob for how long any Redis call waits out an outage.
+        self.redis_retry = RedisRetry("orchestrator", bus.config.reconnect_timeout_s)
         self.base_version: int | None = None
         self.step = 0
         self.current_version = 0
@@ -79,24 +84,44 @@ class Orchestrator:
 
     # -- state in Redis ---------------------------------------------------------------------
 
+    # Every call is retried while Redis is down (RedisRetry): a blip must not kill the process
+    # with every in-flight sample. All of them are idempotent, so a retry is harmless.
+
     async def restore(self) -> None:
         """Resume: the next step and the base weight version (set once, on the first start)."""
         r = self.bus.redis
         version = await self.engine_version()
-        await r.set(f"{self.prefix}:base_version", version, nx=True)
-        self.base_version = int(await r.get(f"{self.prefix}:base_version"))
-        self.step = int(await r.get(f"{self.prefix}:step") or 0)
+
+        async def read() -> tuple[Any, Any]:
+            await r.set(f"{self.prefix}:base_version", version, nx=True)
+            return await r.get(f"{self.prefix}:base_version"), await r.get(f"{self.prefix}:step")
+
+        base, step = await self.redis_retry.call("restore", read)
+        self.base_version, self.step = int(base), int(step or 0)
         if self.step:
             log.info("resuming", extra={"step": self.step, "base_version": self.base_version})
 
     async def _published(self, group_id: str) -> bool:
-        return bool(await self.bus.redis.sismember(f"{self.prefix}:published", group_id))
+        key = f"{self.prefix}:published"
+        return bool(
+            await self.redis_retry.call(
+                "published", lambda: self.bus.redis.sismember(key, group_id)
+            )
+        )
 
     async def _mark_published(self, group_id: str) -> None:
-        await self.bus.redis.sadd(f"{self.prefix}:published", group_id)
+        key = f"{self.prefix}:published"
+        await self.redis_retry.call("mark_published", lambda: self.bus.redis.sadd(key, group_id))
 
     async def published_count(self) -> int:
-        return int(await self.bus.redis.scard(f"{self.prefix}:published"))
+        key = f"{self.prefix}:published"
+        return int(
+            await self.redis_retry.call("published_count", lambda: self.bus.redis.scard(key))
+        )
+
+    async def _save_step(self, step: int) -> None:
+        key = f"{self.prefix}:step"
+        await self.redis_retry.call("save_step", lambda: self.bus.redis.set(key, step))
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -141,7 +166,7 @@ class Orchestrator:
                 await self.maybe_validate()
                 await self.run_step(self.step)
                 self.step += 1
-                await self.bus.redis.set(f"{self.prefix}:step", self.step)
+                await self._save_step(self.step)
                 metrics.STEP.set(self.step)
             await self.maybe_validate(final=True)
         finally:

@@ -36,18 +36,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
 from protos.trajectory import SUPPORTED_VERSIONS, SchemaError, Trajectory, decode, encode
+from searchr1.redis_retry import RedisRetry, RedisUnavailable, connect
 from searchr1.sections import BusConfig
 
 log = logging.getLogger(__name__)
@@ -66,9 +58,6 @@ RECLAIMED = Counter("searchr1_bus_reclaimed_total", "Entries reclaimed from idle
 BACKPRESSURE_WAIT = Counter(
     "searchr1_bus_backpressure_wait_seconds_total", "Time producers waited on a full backlog"
 )
-REDIS_RETRIES = Counter(
-    "searchr1_bus_redis_retries_total", "Redis operations retried after a connection error", ["op"]
-)
 BACKLOG = Gauge("searchr1_bus_backlog", "Unacknowledged entries (undelivered + pending)")
 
 # Atomic "append only if the backlog stays within the bound". ARGV: max, then (v, tid, data)*.
@@ -83,10 +72,8 @@ end
 return ids
 """
 
-_RETRYABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
-
-class BusUnavailable(RuntimeError):
+class BusUnavailable(RedisUnavailable):
     """Redis stayed unreachable for longer than `reconnect_timeout_s`."""
 
 
@@ -135,14 +122,12 @@ class TrajectoryBus:
         self._claim_cursor = "0-0"
         self._group_ready = False
         self._publish_script = client.register_script(_PUBLISH_LUA)
+        self.retry = RedisRetry("bus", config.reconnect_timeout_s, error=BusUnavailable)
 
     @classmethod
     def from_url(cls, url: str, config: BusConfig) -> TrajectoryBus:
         # No socket timeout: XREADGROUP BLOCK holds the connection open by design.
-        client = aioredis.Redis.from_url(
-            url, decode_responses=False, socket_connect_timeout=2.0, health_check_interval=10
-        )
-        return cls(client, config)
+        return cls(connect(url, decode_responses=False, health_check_interval=10), config)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -150,37 +135,20 @@ class TrajectoryBus:
     # -- plumbing -------------------------------------------------------------------------
 
     async def _retrying(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run `fn` with backoff on connection errors; recreate a lost consumer group."""
+        """Run `fn` under the stack's Redis retry policy; recreate a lost consumer group."""
 
-        def before_sleep(state: RetryCallState) -> None:
-            REDIS_RETRIES.labels(op).inc()
-            if state.attempt_number == 1:  # log once per outage, not per attempt
-                exc = state.outcome.exception() if state.outcome else None
-                log.warning("redis unreachable; retrying", extra={"op": op, "error": repr(exc)})
+        async def guarded() -> T:
+            try:
+                return await fn()
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning("consumer group missing; recreating", extra={"op": op})
+                self._group_ready = False
+                await self.ensure_group()
+                return await fn()
 
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_RETRYABLE),
-                wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-                stop=stop_after_delay(self.config.reconnect_timeout_s),
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        return await fn()
-                    except ResponseError as e:
-                        if "NOGROUP" not in str(e):
-                            raise
-                        log.warning("consumer group missing; recreating", extra={"op": op})
-                        self._group_ready = False
-                        await self.ensure_group()
-                        return await fn()
-        except _RETRYABLE as e:
-            raise BusUnavailable(
-                f"redis unreachable for {self.config.reconnect_timeout_s}s during {op}: {e}"
-            ) from e
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self.retry.call(op, guarded)
 
     async def ensure_group(self) -> None:
         if self._group_ready:

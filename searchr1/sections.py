@@ -48,6 +48,9 @@ class BusConfig(Section):
         default=7 * 24 * 3600.0, gt=0, description="How long consumed trajectory ids are kept."
     )
     reconnect_timeout_s: float = Field(
-        default=120.0, gt=0, description="Give up after Redis is unreachable this long."
+        default=120.0,
+        gt=0,
+        description="Every Redis call (bus, orchestrator state) retries while Redis is "
+        "unreachable, and raises after this long.",
     )
     backpressure_poll_s: float = Field(default=0.05, gt=0)

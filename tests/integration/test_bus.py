@@ -149,13 +149,40 @@ async def test_redis_crash_and_restart_with_aof_loses_nothing(redis_server: Redi
     await asyncio.sleep(0.5)
     redis_server.start()
     await publishing
-    retries = metric("searchr1_bus_redis_retries_total", op="publish")
+    retries = metric("searchr1_redis_retries_total", component="bus", op="publish")
     assert retries > 0  # the producer really went through the outage
 
     rest = await drain(consumer)
     ids = [d.trajectory_id for d in first] + [t.trajectory_id for t in rest]
     assert sorted(ids) == sorted(f"t-{i}" for i in range(60))  # nothing lost, nothing twice
     assert len(ids) == len(set(ids))
+
+
+async def test_consume_and_ack_wait_out_a_redis_restart(redis_server: RedisServer) -> None:
+    # Redis stops while the consumer is blocked in XREADGROUP and while it acks; a new
+    # redis-server on the same port and data dir (AOF) comes back; both calls complete.
+    producer, consumer = bus_for(redis_server), bus_for(redis_server, consumer="c1")
+    await consumer.ensure_group()
+    blocked = asyncio.ensure_future(consumer.consume(10, block=5))
+    await asyncio.sleep(0.1)  # in XREADGROUP BLOCK (if not, the read below still gets it)
+    before = metric("searchr1_redis_retries_total", component="bus", op="read")
+    redis_server.stop()
+    while metric("searchr1_redis_retries_total", component="bus", op="read") == before:
+        assert not blocked.done(), blocked.result()  # returned or raised instead of retrying
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(redis_server.start)
+    await producer.publish([make_trajectory("t-0")])
+    got = await asyncio.wait_for(blocked, 30)
+    assert [d.trajectory_id for d in got] == ["t-0"]
+    before = metric("searchr1_redis_retries_total", component="bus", op="ack")
+    redis_server.stop()
+    acking = asyncio.ensure_future(consumer.ack(got))
+    while metric("searchr1_redis_retries_total", component="bus", op="ack") == before:
+        assert not acking.done(), acking.result()
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(redis_server.start)
+    assert await asyncio.wait_for(acking, 30) == 1
+    assert await consumer.backlog() == 0 and await consumer.pending_count() == 0
 
 
 async def test_backpressure_blocks_until_the_consumer_acks(redis_server: RedisServer) -> None:

@@ -1,0 +1,138 @@
+"""One retry policy for every Redis call of the stack: the bus, the orchestrator's resume state,
+the trainer (through the bus).
+
+A call that fails because Redis is unreachable (connection refused or reset, timeout, the
+server still loading its AOF after a restart) is retried with exponential backoff and jitter
+until a total deadline (`bus.reconnect_timeout_s`), then `RedisUnavailable` is raised with the
+last error as its cause: a blip is waited out, an outage is an error, never swallowed. Other
+errors (a wrong command, a script error) are raised at once.
+
+Retries are counted in `searchr1_redis_retries_total{component,op}` and logged once per outage
+(when the first call starts retrying, and again when Redis answers), not once per attempt.
+
+A retried write may have been applied before its reply was lost; callers retry only writes
+whose repetition is harmless (SET, SADD, XACK...) or that are deduplicated downstream (a
+republished trajectory is consumed once, see `searchr1.bus`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_before_delay,
+    wait_exponential_jitter,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRIES = Counter(
+    "searchr1_redis_retries_total",
+    "Redis calls retried because Redis was unreachable",
+    ["component", "op"],
+)
+
+# OSError: socket errors redis-py does not wrap (a DNS failure while a pod restarts).
+RETRYABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusyLoadingError,
+    OSError,
+)
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis stayed unreachable past the retry deadline."""
+
+
+def connect(url: str, **kwargs: object) -> aioredis.Redis:
+    """An asyncio client whose own retries are off: `RedisRetry` is the only policy, so a
+    deadline means what it says (redis-py's default retries would add their own waits)."""
+    kwargs.setdefault("socket_connect_timeout", 2.0)
+    return aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+
+
+class RedisRetry:
+    """The retry policy of one component (`bus`, `orchestrator`...); share one instance per
+    component so an outage is logged once, however many calls wait it out."""
+
+    def __init__(
+        self,
+        component: str,
+        deadline_s: float,
+        *,
+        initial_wait_s: float = 0.05,
+        max_wait_s: float = 2.0,
+        error: type[RedisUnavailable] = RedisUnavailable,
+    ) -> None:
+        if deadline_s <= 0:
+            raise ValueError("deadline_s must be > 0")
+        self.component = component
+        self.deadline_s = deadline_s
+        self.initial_wait_s = initial_wait_s
+        self.max_wait_s = max_wait_s
+        self.error = error
+        self._outage_since: float | None = None
+
+    async def call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """`await fn()`, retried while Redis is unreachable, for at most `deadline_s`."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            RETRIES.labels(self.component, op).inc()
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+                exc = state.outcome.exception() if state.outcome else None
+                log.warning(
+                    "redis unreachable; retrying",
+                    extra={
+                        "component": self.component,
+                        "op": op,
+                        "error": repr(exc),
+                        "deadline_s": self.deadline_s,
+                    },
+                )
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RETRYABLE),
+            wait=wait_exponential_jitter(
+                multiplier=self.initial_wait_s, max=self.max_wait_s, jitter=self.initial_wait_s
+            ),
+            # Stops before a wait that would end past the deadline: the total stays bounded.
+            stop=stop_before_delay(self.deadline_s),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    result = await fn()
+        except RETRYABLE as e:
+            self._outage_since = None  # the next outage is logged again
+            raise self.error(
+                f"redis unreachable for {self.deadline_s}s during {self.component}.{op}: {e!r}"
+            ) from e
+        if self._outage_since is not None:
+            log.warning(
+                "redis reachable again",
+                extra={
+                    "component": self.component,
+                    "op": op,
+                    "outage_s": round(time.monotonic() - self._outage_since, 3),
+                },
+            )
+            self._outage_since = None
+        return result
