@@ -20,6 +20,13 @@ class HttpConfig(Section):
     graceful_shutdown_s: float = Field(
         default=30.0, gt=0, description="How long in-flight requests may finish after SIGTERM."
     )
+    # Checked before anything parses the body: a JSON body is parsed on the event loop, so an
+    # unbounded one stalls every other request, health probes included.
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1,
+        description="Request bodies above this get 413 (Content-Length or counted while read).",
+    )
 
 
 class LoggingConfig(Section):

@@ -6,7 +6,9 @@
   503 with the failing checks otherwise;
 - `GET /metrics`: Prometheus text format;
 - a request-id middleware (`X-Request-ID` in and out, attached to every log line) that also
-  counts requests and observes latency per route.
+  counts requests and observes latency per route;
+- a request body limit (`http.max_body_bytes`): 413 before the body is read when
+  Content-Length is over it, else as soon as the bytes read cross it (chunked bodies).
 
 `serve_http` runs an app under uvicorn; SIGTERM/SIGINT stop accepting connections, let in-flight
 requests finish (bounded by `graceful_shutdown_s`), run the app's lifespan shutdown (where a
@@ -32,6 +34,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import SecretStr
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from searchr1.logs import request_id_var
 from searchr1.sections import HttpConfig
@@ -59,6 +63,70 @@ HTTP_ERRORS = Counter(
 )
 
 READY_CHECK_TIMEOUT_S = 3.0
+DEFAULT_MAX_BODY_BYTES: int = HttpConfig.model_fields["max_body_bytes"].default
+
+
+class RequestTooLarge(HTTPException):
+    """413. An HTTPException because FastAPI re-raises those from inside its body reading, so
+    a limit crossed mid-stream is answered like any other HTTP error (not as a 400 or 500)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over {limit} bytes (http.max_body_bytes)")
+
+
+def _too_large_response(message: str) -> JSONResponse:
+    # Connection: close, or uvicorn keeps reading (and discarding) the rest of the body.
+    return JSONResponse(
+        {"error": message, "detail": message}, status_code=413, headers={"Connection": "close"}
+    )
+
+
+class BodyLimitMiddleware:
+    """Cut a request body off at `limit()` bytes without ever holding more than that.
+
+    Content-Length over the limit: 413 at once, no byte read. Otherwise (chunked) the bytes
+    are counted as the app reads them and RequestTooLarge is raised the moment they cross the
+    limit. The 413 says `Connection: close`, so uvicorn drops the connection instead of
+    draining the rest of the body.
+    """
+
+    def __init__(self, app: ASGIApp, limit: Callable[[], int]) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit()
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            await _too_large_response(RequestTooLarge(limit).detail)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise RequestTooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _printable(value: Any) -> Any:
+    """Strings made encodable: a lone surrogate ("\\ud800" in JSON) would make the answer's
+    UTF-8 encoding fail and turn a 422 into a 500."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _route_template(request: Request) -> str:
@@ -72,11 +140,19 @@ def create_service_app(
     *,
     ready_checks: Mapping[str, ReadyCheck] | None = None,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """A FastAPI app with health, readiness, metrics and request-id plumbing installed."""
+    """A FastAPI app with health, readiness, metrics and request-id plumbing installed.
+
+    `max_body_bytes` is the body limit until `uvicorn_server` sets the service's
+    `http.max_body_bytes`."""
     app = FastAPI(title=f"searchr1 {service}", lifespan=lifespan)
     app.state.service = service
     app.state.ready_checks = dict(ready_checks or {})
+    app.state.max_body_bytes = max_body_bytes
+    # Added before the request-id middleware, so it runs inside it: 413s are counted and
+    # carry a request id like every other answer.
+    app.add_middleware(BodyLimitMiddleware, limit=lambda: app.state.max_body_bytes)
 
     @app.middleware("http")
     async def request_context(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
@@ -116,7 +192,13 @@ def create_service_app(
         detail = jsonable_encoder(
             exc.errors(), custom_encoder={bytes: lambda b: b.decode(errors="replace")}
         )
-        return JSONResponse({"error": "; ".join(problems), "detail": detail}, status_code=422)
+        return JSONResponse(
+            _printable({"error": "; ".join(problems), "detail": detail}), status_code=422
+        )
+
+    @app.exception_handler(RequestTooLarge)
+    async def request_too_large(request: Request, exc: RequestTooLarge) -> JSONResponse:
+        return _too_large_response(exc.detail)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -156,23 +238,29 @@ def require_token(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency guarding state-changing endpoints with a shared bearer token.
 
     With no token configured the endpoint is open (local development); with one, requests
-    need `Authorization: Bearer <token>` and get 401 otherwise.
+    need `Authorization: Bearer <token>` and get 401 otherwise. An empty token is refused
+    here: `SecretStr("")` is falsy, and it used to leave the endpoint open without a word.
     """
     import hmac
 
-    expected = token.get_secret_value() if token else None
+    expected = token.get_secret_value() if token is not None else None
+    if expected is not None and not expected.strip():
+        raise ValueError("the admin token is empty: set a real token, or none for open routes")
 
     async def check(authorization: str | None = Header(default=None)) -> None:
         if expected is None:
             return
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected.encode()):
+        # compare_digest: the time taken does not depend on how much of the token matched.
+        ok = scheme.lower() == "bearer" and given != ""
+        if not ok or not hmac.compare_digest(given.encode(), expected.encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
     return check
 
 
 def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
+    app.state.max_body_bytes = http.max_body_bytes  # read per request by BodyLimitMiddleware
     config = uvicorn.Config(
         app,
         host=http.host,

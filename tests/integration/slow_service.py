@@ -37,6 +37,10 @@ def main() -> None:
         await asyncio.sleep(seconds)
         return {"slept": seconds}
 
+    @app.post("/echo")
+    async def echo(body: dict) -> dict[str, int]:
+        return {"keys": len(body)}
+
     run_http(app, HttpConfig(port=int(sys.argv[1]), graceful_shutdown_s=10))
 
 

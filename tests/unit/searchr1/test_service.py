@@ -7,10 +7,11 @@ import logging
 
 import httpx
 import pytest
-from fastapi import Depends
+from fastapi import Depends, FastAPI
 from pydantic import BaseModel, SecretStr
 
 from searchr1.logs import JsonFormatter
+from searchr1.sections import HttpConfig
 from searchr1.service import create_service_app, require_token
 
 
@@ -148,3 +149,93 @@ async def test_a_body_that_is_not_json_is_a_422_not_a_500(client) -> None:  # ty
     )
     assert r.status_code == 422
     assert r.json()["error"]
+
+
+# ---- hostile input (issue 15) ------------------------------------------------------------
+
+
+def limited_app(limit: int) -> tuple[FastAPI, list[int]]:
+    app = create_service_app("limited", max_body_bytes=limit)
+    seen: list[int] = []
+
+    @app.post("/echo")
+    async def echo(item: dict) -> dict[str, int]:
+        seen.append(len(item["blob"]))
+        return {"len": len(item["blob"])}
+
+    return app, seen
+
+
+def limited_client(app: FastAPI) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://svc")
+
+
+async def test_a_body_over_the_limit_is_413_naming_the_setting() -> None:
+    app, seen = limited_app(1000)
+    async with limited_client(app) as c:
+        ok = await c.post("/echo", json={"blob": "x" * 900})
+        big = await c.post("/echo", json={"blob": "x" * 2000})
+        health = await c.get("/health")
+    assert ok.status_code == 200
+    assert big.status_code == 413
+    assert "http.max_body_bytes" in big.json()["error"] and "1000" in big.json()["error"]
+    assert seen == [900]  # the oversized request never reached the route
+    assert health.status_code == 200
+
+
+async def test_a_chunked_body_over_the_limit_is_cut_off_while_streaming() -> None:
+    app, seen = limited_app(1000)
+    pulled: list[int] = []
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"blob": "'
+        for i in range(100):  # 10 KB in all, no Content-Length
+            pulled.append(i)
+            yield b"x" * 100
+        yield b'"}'
+
+    async with limited_client(app) as c:
+        r = await c.post("/echo", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.text
+    assert "http.max_body_bytes" in r.json()["error"]
+    assert len(pulled) < 15  # stopped reading soon after the limit, not at the end
+    assert seen == []
+
+
+async def test_the_limit_comes_from_the_http_config() -> None:
+    from searchr1.service import uvicorn_server
+
+    app, _ = limited_app(1000)
+    uvicorn_server(app, HttpConfig(max_body_bytes=50))
+    async with limited_client(app) as c:
+        r = await c.post("/echo", json={"blob": "x" * 100})
+    assert r.status_code == 413 and "50" in r.json()["error"]
+
+
+def test_http_config_default_body_limit_is_8_mib() -> None:
+    assert HttpConfig().max_body_bytes == 8 * 1024 * 1024
+
+
+async def test_a_422_echoing_a_lone_surrogate_is_still_a_422() -> None:
+    app = make_app({"redis": True})
+    async with limited_client(app) as c:
+        r = await c.post(
+            "/items",
+            content=b'{"name": "a", "count": "\\ud800"}',
+            headers={"content-type": "application/json"},
+        )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"].startswith("count:")
+
+
+def test_an_empty_token_is_refused_when_the_guard_is_built() -> None:
+    for empty in ("", "   "):
+        with pytest.raises(ValueError, match="empty"):
+            require_token(SecretStr(empty))
+
+
+async def test_an_empty_bearer_is_never_accepted(client) -> None:  # type: ignore[no-untyped-def]
+    for header in ("Bearer ", "Bearer", "bearer  ", "Basic tok", "tok"):
+        r = await client.post("/admin/flush", headers={"Authorization": header})
+        assert r.status_code == 401, header
