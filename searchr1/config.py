@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import SecretStr, ValidationError, model_validator
+from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from inference.config import InferenceConfig
@@ -49,6 +49,20 @@ class StackConfig(BaseSettings):
     local: LocalConfig = LocalConfig()
     # Shared token for state-changing endpoints (weight updates, cache flush, admin).
     admin_token: SecretStr | None = None
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_usable(cls, token: SecretStr | None) -> SecretStr | None:
+        # "" used to switch every guard off (SecretStr("") is falsy); surrounding white space
+        # (a secret file written with echo) can never match a header, which HTTP strips.
+        if token is None:
+            return None
+        value = token.get_secret_value()
+        if not value.strip():
+            raise ValueError("is empty: unset SEARCHR1_ADMIN_TOKEN or give it a value")
+        if value != value.strip():
+            raise ValueError("has leading or trailing white space (a newline from a file?)")
+        return token
 
     @model_validator(mode="after")
     def _sync_mode_batches_match(self) -> StackConfig:
@@ -106,7 +120,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
         got = e.get("input")
-        got_txt = "" if isinstance(got, dict) else f" (got {got!r})"
+        secret = bool(SECRET_KEYS & {str(p) for p in e["loc"]})  # never echo a secret
+        got_txt = "" if isinstance(got, dict) or secret else f" (got {got!r})"
         lines.append(f"  {field}: {e['msg']}{got_txt}")
     return f"invalid configuration in {source}:\n" + "\n".join(lines)
 

@@ -62,6 +62,18 @@ def test_secrets_only_from_the_environment(tmp_path: Path, monkeypatch: pytest.M
     assert "s3cret" not in repr(cfg)
 
 
+@pytest.mark.parametrize("token", ["", "   ", "s3cret\n", " s3cret"])
+def test_an_empty_or_padded_admin_token_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    # An empty token used to switch every guard off (SecretStr("") is falsy) and a trailing
+    # newline (a secret file written with echo) could never match a header.
+    monkeypatch.setenv("SEARCHR1_ADMIN_TOKEN", token)
+    with pytest.raises(ConfigError, match="admin_token") as info:
+        load_config()
+    assert token.strip() == "" or token.strip() not in str(info.value)  # never echoed
+
+
 def test_broken_yaml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "retriever: [unclosed\n"))
