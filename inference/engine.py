@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
 from inference.requests import CommandResult, GenerateOutput, Request
-from inference.sampling import SamplingParams, make_generator, sample_batch
+from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
 from inference.weights import WeightLoader
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ STEP_SECONDS = Histogram(
 REJECTED = Counter("searchr1_inference_rejected_total", "Rejected generate requests", ["reason"])
 
 PAUSE_MODES = ("abort", "in_place", "retract")
+
+# `text` longer than this many characters per context token is refused before tokenizing: it
+# cannot fit (English averages ~4 characters a token); send `input_ids` for anything exotic.
+MAX_TEXT_CHARS_PER_TOKEN = 16
 
 
 class EngineOverloaded(Exception):
@@ -79,6 +84,9 @@ class TorchEngine:
             self.cfg.context_length or getattr(mcfg, "max_position_embeddings", 4096)
         )
         self.eos_ids = self._eos_ids()
+        # `text` prompts are tokenized here, never on the event loop (a long one takes seconds);
+        # one thread, so tokenizing cannot take more than one core from the scheduler.
+        self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="engine-tokenizer")
         self.weights = WeightLoader(self.model, timeout_s=self.cfg.weight_group_timeout_s)
         self.weight_version = 0
         self._session_version: int | None = None  # carried by the open update session
@@ -106,7 +114,7 @@ class TorchEngine:
         params = params or SamplingParams()
         try:
             params.validate()
-            ids = self._prompt_ids(input_ids, text)
+            ids = await self._prompt_ids(input_ids, text)
             self._validate(ids, params)
         except ValueError as e:
             REJECTED.labels("bad_request").inc()
@@ -251,6 +259,7 @@ class TorchEngine:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout=30)
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.weights.close()
 
     @property
@@ -259,27 +268,29 @@ class TorchEngine:
 
     # ---- validation ------------------------------------------------------------------------
 
-    def _prompt_ids(self, input_ids: list[int] | None, text: str | None) -> list[int]:
+    async def _prompt_ids(self, input_ids: list[int] | None, text: str | None) -> list[int]:
         if input_ids is not None and text is not None:
             raise ValueError("give either input_ids or text, not both")
         if input_ids is None:
             if text is None:
                 raise ValueError("input_ids (or text) is required")
-            input_ids = self.tokenizer.encode(text)
+            limit = self.context_length * MAX_TEXT_CHARS_PER_TOKEN
+            if len(text) > limit:
+                raise ValueError(
+                    f"text: {len(text)} characters, at most {limit} "
+                    f"({MAX_TEXT_CHARS_PER_TOKEN} per token of the context length)"
+                )
+            check_text("text", text)  # the tokenizer raises TypeError on a lone surrogate
+            pool, encode = self._tokenizer_pool, self.tokenizer.encode
+            input_ids = await asyncio.get_running_loop().run_in_executor(pool, encode, text)
         return [int(t) for t in input_ids]
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise ValueError("input_ids is empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids: token ids out of range [0, {self.vocab_size}): {bad[:5]}")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"sampling_params.stop_token_ids out of range: {bad[:5]}")
         # Like SGLang: the prompt plus the whole output budget must fit in the context (SGLang
         # answers 400 unless it runs with --allow-auto-truncate); the orchestrator asks for at
-        # most what fits.
+        # most what fits. Checked before the per-id scan, which a huge prompt would make long.
         if len(ids) >= self.context_length:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) leaves no room in the context length "
@@ -290,6 +301,12 @@ class TorchEngine:
                 f"prompt ({len(ids)} tokens) + sampling_params.max_new_tokens "
                 f"({params.max_new_tokens}) exceeds the context length {self.context_length}"
             )
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids: token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"sampling_params.stop_token_ids out of range: {bad[:5]}")
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

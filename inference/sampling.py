@@ -9,6 +9,7 @@ requests (T below SGLang's 1e-6, which it turns into top_k 1 at temperature 1) g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,52 @@ IGNORED_FIELDS = frozenset(
 # SGLang's `_SAMPLING_EPS`: a temperature below it means greedy decoding.
 GREEDY_TEMPERATURE_EPS = 1e-6
 
+# Limits on what one (unauthenticated) request may ask of the scheduler thread, which decodes
+# the output tail and scans it for every stop string at every step.
+MAX_STOP_STRINGS = 32  # SGLang 0.5.21's MAX_STOP_COUNT
+MAX_STOP_CHARS = 256  # SGLang has none for stop strings (256 bytes for stop_regex)
+MAX_STOP_TOKEN_IDS = 1024  # searched at every step; SGLang has no limit (it keeps a set)
+# SGLang 0.5.21 (`SamplingParams.verify`); torch takes the same range (negatives wrap).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _int(d: dict[str, Any], name: str, default: int) -> int:
+    """An integer field: JSON ints (or integral floats such as 4.0), never bools or strings."""
+    v = d.get(name, default)
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"sampling_params.{name} must be an integer (got {v!r})")
+    return v
+
+
+def _float(d: dict[str, Any], name: str, default: float) -> float:
+    """A finite number: NaN and Infinity (which Python's json module reads) are refused."""
+    v = d.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"sampling_params.{name} must be a number (got {v!r})")
+    if not math.isfinite(v):
+        raise ValueError(f"sampling_params.{name} must be finite (got {v!r})")
+    return float(v)
+
+
+def _bool(d: dict[str, Any], name: str, default: bool) -> bool:
+    v = d.get(name, default)
+    if not isinstance(v, bool):  # bool("false") is True
+        raise ValueError(f"sampling_params.{name} must be true or false (got {v!r})")
+    return v
+
+
+def check_text(name: str, text: str) -> None:
+    """Refuse a lone surrogate ("\\ud800" in JSON): Python's json module accepts it, but it
+    has no UTF-8 form, so tokenizers and the answer's encoding fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{name}: not valid Unicode (a lone surrogate {text[e.start]!r} at {e.start})"
+        ) from None
+
 
 @dataclass
 class SamplingParams:
@@ -67,41 +114,70 @@ class SamplingParams:
         unknown = sorted(set(d) - KNOWN_FIELDS - IGNORED_FIELDS)
         if unknown:
             raise ValueError(f"sampling_params: unknown field(s) {unknown}")
+        # Types are checked here, one field at a time, so that every error names its field;
+        # `int(float("inf"))` used to raise OverflowError past the handler (HTTP 500).
         stop = d.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
-        seed = d.get("sampling_seed")
-        try:
-            p = cls(
-                max_new_tokens=int(d.get("max_new_tokens", 128)),
-                temperature=float(d.get("temperature", 1.0)),
-                top_p=float(d.get("top_p", 1.0)),
-                top_k=int(d.get("top_k", -1)),
-                stop=[str(s) for s in stop],
-                stop_token_ids=[int(t) for t in (d.get("stop_token_ids") or [])],
-                no_stop_trim=bool(d.get("no_stop_trim", False)),
-                skip_special_tokens=bool(d.get("skip_special_tokens", True)),
-                ignore_eos=bool(d.get("ignore_eos", False)),
-                seed=None if seed is None else int(seed),
-            )
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"sampling_params: {e}") from None
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise ValueError("sampling_params.stop must be a string or a list of strings")
+        stop_ids = d.get("stop_token_ids") or []
+        if not isinstance(stop_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in stop_ids
+        ):
+            raise ValueError("sampling_params.stop_token_ids must be a list of integers")
+        p = cls(
+            max_new_tokens=_int(d, "max_new_tokens", 128),
+            temperature=_float(d, "temperature", 1.0),
+            top_p=_float(d, "top_p", 1.0),
+            top_k=_int(d, "top_k", -1),
+            stop=list(stop),
+            stop_token_ids=list(stop_ids),
+            no_stop_trim=_bool(d, "no_stop_trim", False),
+            skip_special_tokens=_bool(d, "skip_special_tokens", True),
+            ignore_eos=_bool(d, "ignore_eos", False),
+            seed=None if d.get("sampling_seed") is None else _int(d, "sampling_seed", 0),
+        )
         p.validate()
         return p
 
     def validate(self) -> None:
+        """Ranges and limits (also for callers that build SamplingParams directly)."""
         if self.max_new_tokens < 0:  # 0 is an empty answer, as in SGLang
             raise ValueError(
                 f"sampling_params.max_new_tokens must be >= 0 (got {self.max_new_tokens})"
             )
-        if self.temperature < 0:
-            raise ValueError(f"sampling_params.temperature must be >= 0 (got {self.temperature})")
+        # NaN passes every comparison below and samples garbage: refused, as SGLang does.
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(
+                f"sampling_params.temperature must be finite and >= 0 (got {self.temperature})"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling_params.top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"sampling_params.top_k must be -1 or >= 1 (got {self.top_k})")
-        if any(s == "" for s in self.stop):
-            raise ValueError("sampling_params.stop: empty stop string")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(
+                f"sampling_params.sampling_seed must be in [-2**63, 2**63 - 1] (got {self.seed})"
+            )
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(
+                f"sampling_params.stop: at most {MAX_STOP_STRINGS} stop strings "
+                f"(got {len(self.stop)})"
+            )
+        for i, s in enumerate(self.stop):
+            if s == "":
+                raise ValueError(f"sampling_params.stop.{i}: empty stop string")
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(
+                    f"sampling_params.stop.{i}: at most {MAX_STOP_CHARS} characters (got {len(s)})"
+                )
+            check_text(f"sampling_params.stop.{i}", s)
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"sampling_params.stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids "
+                f"(got {len(self.stop_token_ids)})"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -15,10 +15,10 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
-from inference.sampling import SamplingParams
+from inference.sampling import SamplingParams, check_text
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,14 @@ class GenerateReq(_Req):
     return_logprob: bool = False
     rid: str | None = None
     stream: bool = False
+
+    @field_validator("rid")
+    @classmethod
+    def _rid_is_text(cls, rid: str | None) -> str | None:
+        # Echoed in meta_info.id: a lone surrogate would fail the answer's encoding (a 500).
+        if rid is not None:
+            check_text("rid", rid)
+        return rid
 
 
 class PauseReq(_Req):

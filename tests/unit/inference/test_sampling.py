@@ -81,7 +81,13 @@ def test_from_dict_sglang_names() -> None:
         ({"top_k": 0}, "top_k"),
         ({"stop": [""]}, "stop"),
         ({"bogus": 1}, "bogus"),
-        ({"max_new_tokens": "many"}, "sampling_params"),
+        ({"max_new_tokens": "many"}, "sampling_params.max_new_tokens"),
+        ({"max_new_tokens": float("inf")}, "sampling_params.max_new_tokens"),
+        ({"top_k": float("-inf")}, "sampling_params.top_k"),
+        ({"temperature": float("nan")}, "sampling_params.temperature"),
+        ({"sampling_seed": 2**64}, "sampling_params.sampling_seed"),
+        ({"stop": ["a"] * 33}, "sampling_params.stop"),
+        ({"no_stop_trim": "yes"}, "sampling_params.no_stop_trim"),
     ],
 )
 def test_from_dict_rejects_bad_fields(fields: dict, message: str) -> None:
