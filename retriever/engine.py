@@ -33,11 +33,23 @@ class BadRequest(ValueError):
     """Invalid request: HTTP 422 / gRPC INVALID_ARGUMENT, with this message."""
 
 
+def _check_unicode(i: int, q: str) -> None:
+    # JSON "\ud800" parses to a lone surrogate, which has no UTF-8 form: the encoder's
+    # tokenizer raises TypeError on it (failing its whole batch) and httpx cannot send it to
+    # serper. gRPC cannot carry one (protobuf strings are UTF-8).
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(
+            f"queries.{i}: not valid Unicode (a lone surrogate {q[e.start]!r} at {e.start})"
+        ) from None
+
+
 class RetrieverEngine:
     def __init__(self, backend: BatchBackend | AsyncBackend, cfg: RetrieverConfig) -> None:
         self.backend = backend
         self.cfg = cfg
-        self.cache = ResultCache(cfg.cache.size)
+        self.cache = ResultCache(cfg.cache.size, max_bytes=cfg.cache.max_bytes)
         self._batcher: MicroBatcher | None = None
         if hasattr(backend, "stages"):  # a pipelined backend (dense): stages overlap
             self._batcher = MicroBatcher(backend.stages(), cfg.batching)
@@ -68,6 +80,8 @@ class RetrieverEngine:
                 raise BadRequest(f"queries.{i}: must be a string, got {type(q).__name__}")
             if len(q) > lim.max_query_chars:
                 raise BadRequest(f"queries.{i}: {len(q)} characters, at most {lim.max_query_chars}")
+            if not q.isascii():
+                _check_unicode(i, q)
         if topk is None or topk == 0:
             return lim.default_topk
         if topk < 0:

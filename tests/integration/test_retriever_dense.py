@@ -162,6 +162,26 @@ def test_bad_input_is_422_with_a_clear_message(server, body, message):
     assert message in r.json()["error"]
 
 
+async def test_a_lone_surrogate_query_is_422_and_its_neighbours_are_served(server):
+    # JSON "\ud800" parses to a str the encoder's tokenizer cannot take (TypeError): it used to
+    # be a 500 for the request and for every request batched with it.
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+
+        async def post_escaped(queries: list[str]) -> httpx.Response:
+            return await http.post(
+                "/retrieve",
+                content=json.dumps({"queries": queries}),  # escapes the surrogate
+                headers={"content-type": "application/json"},
+            )
+
+        rs = await asyncio.gather(
+            *(post_escaped([f"neighbour {i}"]) for i in range(8)), post_escaped(["ok", "who\ud800"])
+        )
+    assert [r.status_code for r in rs[:8]] == [200] * 8
+    assert rs[8].status_code == 422, rs[8].text
+    assert "queries.1: not valid Unicode" in rs[8].json()["error"]
+
+
 def test_malformed_json_is_422(server):
     r = httpx.post(
         f"{server.url}/retrieve", content=b"{not json", headers={"content-type": "application/json"}

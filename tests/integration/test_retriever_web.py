@@ -48,6 +48,19 @@ def test_web_results_in_the_search_r1_schema(server, fake):
     assert httpx.get(f"{server.url}/ready").json()["checks"]["index"]["detail"] == "web"
 
 
+def test_a_lone_surrogate_query_is_422_not_sent_to_serper(server, fake):
+    # httpx cannot encode "\ud800" as UTF-8 (UnicodeEncodeError): it used to be a 500.
+    sent = len(fake.bodies)
+    r = httpx.post(
+        f"{server.url}/retrieve",
+        content=b'{"queries": ["who\\ud800"]}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert "queries.0: not valid Unicode" in r.json()["error"]
+    assert len(fake.bodies) == sent
+
+
 async def test_serper_outage_is_a_visible_503_not_an_empty_result(server, fake):
     fake.fail_with[:] = [500, 500]
     client = RetrieverClient(server.url)

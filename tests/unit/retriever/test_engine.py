@@ -41,6 +41,7 @@ async def engine():
         (["x" * 11], None, "queries.0: 11 characters, at most 10"),
         (["a"], -1, "topk: must be >= 0"),
         (["a"], 6, "topk: at most 5, got 6"),
+        (["ok", "who\ud800"], None, "queries.1: not valid Unicode"),
     ],
 )
 async def test_bad_requests_name_the_field(engine, queries, topk, message):
