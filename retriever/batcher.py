@@ -11,6 +11,10 @@ runs on its own thread with a small bounded hand-off queue between them, so batc
 while batch N is searched (infinity-style overlap), and throughput is that of the slowest stage
 rather than the sum. Past `max_pending` queued queries, `submit` raises Overloaded (HTTP 429)
 instead of queueing forever.
+
+A batch that fails is not the fault of every request in it (one query a tokenizer chokes on
+fails the whole encode call): its requests go back to the first stage, ahead of new work, and
+each is retried in a batch of its own, so only the request that caused the error gets it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +71,13 @@ class _Work:
     loop: asyncio.AbstractEventLoop
 
 
+class _Wake:
+    """Queued to wake the first stage when failed requests wait to be retried alone."""
+
+
+_WAKE = _Wake()
+
+
 class MicroBatcher:
     def __init__(self, stages: SearchFn | Sequence[Stage], cfg: BatchingConfig) -> None:
         if callable(stages):
@@ -73,9 +85,13 @@ class MicroBatcher:
             stages = [lambda args: fn(*args)]
         self._stages = list(stages)
         self.cfg = cfg
-        self._queue: queue.Queue[_Work | None] = queue.Queue()
+        self._queue: queue.Queue[_Work | _Wake | None] = queue.Queue()
         self._pending = 0  # queued queries; updated under _lock from several threads
         self._lock = threading.Lock()
+        # Requests of a failed batch, each to be searched alone (under _lock); once the first
+        # stage has stopped, failures are delivered as they are.
+        self._retry: deque[_Work] = deque()
+        self._stopped = False
         self.batches = 0
         self.batched_queries = 0
         # Seconds each stage spent working: busy / wall time = that stage's utilisation.
@@ -136,6 +152,8 @@ class MicroBatcher:
                     break
             if item is None:
                 return batch, True
+            if isinstance(item, _Wake):
+                continue
             batch.append(item)
             n += len(item.queries)
         return batch, False
@@ -159,22 +177,38 @@ class MicroBatcher:
         else:
             self._deliver(batch, value, err)
 
+    def _next_retry(self) -> _Work | None:
+        with self._lock:
+            return self._retry.popleft() if self._retry else None
+
     def _run_first(self) -> None:
         stop = False
         while not stop:
-            first = self._queue.get()
-            if first is None:
-                break
-            batch, stop = self._take_batch(first)
-            queries = [q for w in batch for q in w.queries]
-            with self._lock:
-                self._pending -= len(queries)
-                QUEUED_QUERIES.set(self._pending)
+            retry = self._next_retry()
+            if retry is not None:  # already counted out of _pending
+                batch, queries = [retry], retry.queries
+            else:
+                first = self._queue.get()
+                if first is None:
+                    break
+                if isinstance(first, _Wake):
+                    continue
+                batch, stop = self._take_batch(first)
+                queries = [q for w in batch for q in w.queries]
+                with self._lock:
+                    self._pending -= len(queries)
+                    QUEUED_QUERIES.set(self._pending)
             BATCH_QUERIES.observe(len(queries))
             self.batches += 1
             self.batched_queries += len(queries)
             value, err = self._apply(0, batch, (queries, max(w.topk for w in batch)))
             self._forward(0, batch, value, err)
+        with self._lock:
+            self._stopped = True
+            left = list(self._retry)
+            self._retry.clear()
+        for w in left:
+            self._deliver([w], None, RuntimeError("retriever shutting down"))
         if self._handoffs:
             self._handoffs[0].put(None)
 
@@ -187,7 +221,19 @@ class MicroBatcher:
         if i < len(self._handoffs):
             self._handoffs[i].put(None)
 
+    def _retry_alone(self, batch: list[_Work]) -> bool:
+        """Queue a failed batch's requests to be searched one by one; False once stopped."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._retry.extend(batch)
+        self._queue.put(_WAKE)
+        return True
+
     def _deliver(self, batch: list[_Work], results: Any, err: BaseException | None) -> None:
+        if err is not None and len(batch) > 1 and self._retry_alone(batch):
+            log.warning("retrying a failed batch request by request", extra={"n": len(batch)})
+            return
         offset = 0
         for w in batch:
             mine = None

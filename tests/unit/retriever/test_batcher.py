@@ -136,3 +136,63 @@ async def test_error_in_a_later_stage_reaches_the_requests():
             await b.submit(["b"], 1)
     finally:
         b.close()
+
+
+class Poisoned:
+    """Echo search that blocks on "block" until `gate` is set and fails any batch holding
+    "poison" (as a query the tokenizer chokes on fails a whole encode call)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.batches: list[list[str]] = []
+
+    def __call__(self, queries: list[str], topk: int):
+        self.batches.append(list(queries))
+        if "block" in queries:
+            self.gate.wait(5)
+        if "poison" in queries:
+            raise ValueError("cannot encode 'poison'")
+        return [[({"id": q, "contents": q}, 1.0)] * topk for q in queries]
+
+
+async def _poisoned_batch(b: MicroBatcher, fn: Poisoned) -> list:
+    blocker = asyncio.create_task(b.submit(["block"], 1))
+    await asyncio.sleep(0.05)  # the worker is inside the blocked batch
+    # These queue up together behind it and form one batch.
+    tasks = [asyncio.create_task(b.submit(qs, 1)) for qs in (["a"], ["b", "poison"], ["c", "d"])]
+    await asyncio.sleep(0.05)
+    fn.gate.set()
+    await blocker
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_failing_request_does_not_fail_the_others_in_its_batch():
+    fn = Poisoned()
+    b = MicroBatcher(fn, BatchingConfig(max_wait_ms=0))
+    try:
+        a, poisoned, cd = await _poisoned_batch(b, fn)
+    finally:
+        b.close()
+    assert fn.batches[1] == ["a", "b", "poison", "c", "d"]  # they were batched together
+    assert [[d["id"] for d, _ in hits] for hits in a] == [["a"]]
+    assert [[d["id"] for d, _ in hits] for hits in cd] == [["c"], ["d"]]
+    assert isinstance(poisoned, ValueError) and "poison" in str(poisoned)
+
+
+async def test_a_failing_request_in_a_later_stage_does_not_fail_the_others():
+    fn = Poisoned()
+
+    def encode(args):
+        queries, topk = args
+        if "block" in queries:
+            fn.gate.wait(5)
+        return queries, topk
+
+    b = MicroBatcher([encode, lambda args: fn(*args)], BatchingConfig(max_wait_ms=0))
+    try:
+        a, poisoned, cd = await _poisoned_batch(b, fn)
+    finally:
+        b.close()
+    assert [[d["id"] for d, _ in hits] for hits in a] == [["a"]]
+    assert [[d["id"] for d, _ in hits] for hits in cd] == [["c"], ["d"]]
+    assert isinstance(poisoned, ValueError)
