@@ -41,6 +41,12 @@ class BatchingConfig(Section):
 
 class CacheConfig(Section):
     size: int = Field(default=100_000, ge=0, description="LRU entries; 0 disables the cache.")
+    # An entry holds topk passages: at topk 100 over long passages, 100,000 entries is GBs.
+    max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="Estimated memory of the cached results; least recently used go beyond it.",
+    )
 
 
 class DenseConfig(Section):

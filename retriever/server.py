@@ -136,7 +136,12 @@ def create_app(
         return {
             "loaded": True,
             "backend": eng.backend.name,
-            "cache": {"size": len(eng.cache), "hits": eng.cache.hits, "misses": eng.cache.misses},
+            "cache": {
+                "size": len(eng.cache),
+                "bytes": eng.cache.bytes,
+                "hits": eng.cache.hits,
+                "misses": eng.cache.misses,
+            },
             "batches": b.batches if b else 0,
             "batched_queries": b.batched_queries if b else 0,
             "stage_busy_s": b.stage_busy_s if b else [],
