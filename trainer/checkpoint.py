@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -87,6 +88,20 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _load_state(file: Path) -> dict[str, Any]:
+    # weights_only: tensors and plain data (dicts, lists, tuples, numbers, strings) and nothing
+    # else, so write access to the checkpoint volume is not code execution in the trainer.
+    # Everything `save` writes is of that kind (model/optimizer/scheduler state dicts, the
+    # step count, torch's and Python's RNG states).
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(
+            f"{file}: refused: it holds objects other than tensors and plain data "
+            f"(loaded with weights_only=True): {str(e).splitlines()[0]}"
+        ) from e
+
+
 class CheckpointManager:
     def __init__(self, cfg: CheckpointConfig) -> None:
         if not cfg.dir:
@@ -148,7 +163,7 @@ class CheckpointManager:
         full: dict[str, Any] | None = None
         state: TrainerState | None = None
         if backend.is_main and path is not None:
-            full = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+            full = _load_state(path / "state.pt")
             state = TrainerState.from_json(json.loads((path / "trainer.json").read_text()))
         backend.load_full_state(full)
         if full is not None:

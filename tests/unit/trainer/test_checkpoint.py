@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import pickle
+from pathlib import Path
 
+import pytest
 import torch
 
 from searchr1.bus import Receipt
@@ -77,3 +80,38 @@ def test_save_is_atomic_and_prunes(tmp_path) -> None:  # type: ignore[no-untyped
     # A `latest` naming an incomplete directory is not trusted.
     (root / "latest").write_text("step_00000099")
     assert mgr.latest() is None
+
+
+class Intruder:
+    """Unpickling it runs code: here, it touches a file (a real attacker runs anything)."""
+
+    def __init__(self, marker) -> None:  # type: ignore[no-untyped-def]
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Write access to the checkpoint volume must not be code execution in the trainer.
+    cfg = config(tmp_path)
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    mgr = CheckpointManager(cfg.checkpoint)
+    path = mgr.save(backend, TrainerState(step=1))
+    assert path is not None
+    marker = tmp_path / "owned"
+    state = torch.load(path / "state.pt", weights_only=True)
+    state["scheduler"]["payload"] = Intruder(marker)
+    torch.save(state, path / "state.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        mgr.load(HFBackend(tiny_qwen2(), cfg, CPU))
+    assert not marker.exists()
+
+
+def test_the_saved_state_is_tensors_and_plain_data_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = config(tmp_path)
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    train_on(make_batch(2, 4, seed=1), backend, cfg)
+    path = CheckpointManager(cfg.checkpoint).save(backend, TrainerState(step=1))
+    assert path is not None
+    torch.load(path / "state.pt", weights_only=True)  # raises on anything else
