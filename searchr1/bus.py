@@ -16,9 +16,14 @@ Guarantees:
   one Lua script, so concurrent producers cannot overshoot the bound.
 - A malformed or unknown-version entry is moved to the dead-letter stream `<stream>:dead`
   (counted, logged once) and consumption continues.
-- Redis connection loss: every operation retries with exponential backoff for up to
-  `reconnect_timeout_s`; a lost consumer group (Redis restarted without persistence) is
-  recreated. With AOF (`appendfsync always`) nothing published is lost across a restart.
+- Poison entries: `Delivery.delivery_count` is Redis's own count; an entry handed out more than
+  `max_deliveries` times (its consumer keeps dying on it) is dead-lettered instead of delivered.
+  A consumer can dead-letter what it holds (`dead_letter`) and, before crashing because of some
+  entries, spare the others that crash's delivery (`forgive_held`). Dead ids count as consumed.
+- Redis connection loss: every operation goes through the stack's retry policy
+  (`searchr1.redis_retry`) for up to `reconnect_timeout_s`; a lost consumer group (Redis
+  restarted without persistence) is recreated. With AOF (`appendfsync always`) nothing
+  published is lost across a restart.
 
 One consumer group per stream (the trainer's); several consumers may share it.
 """
@@ -51,8 +56,8 @@ ACKED = Counter("searchr1_bus_acked_total", "Trajectories acknowledged (work dur
 DUPLICATES = Counter(
     "searchr1_bus_duplicates_total", "Entries skipped because their trajectory id was consumed"
 )
-DEAD_LETTERED = Counter(
-    "searchr1_bus_dead_lettered_total", "Entries moved to the dead-letter stream", ["reason"]
+DEAD_LETTERS = Counter(
+    "searchr1_bus_dead_letters_total", "Entries moved to the dead-letter stream", ["reason"]
 )
 RECLAIMED = Counter("searchr1_bus_reclaimed_total", "Entries reclaimed from idle consumers")
 BACKPRESSURE_WAIT = Counter(
@@ -99,6 +104,38 @@ class Delivery:
         return Receipt(self.entry_id, self.trajectory_id)
 
 
+_RawEntries = list[tuple[bytes, dict[bytes, bytes] | None]]
+
+
+class _Dead(NamedTuple):
+    """One entry on its way to the dead-letter stream."""
+
+    entry_id: str
+    fields: dict[bytes, bytes]  # the original entry's (v, tid, data) when there were any
+    reason: str  # short label: the metric's and the CLI's
+    error: str  # what went wrong, for a human
+    deliveries: int
+    tid: str | None = None  # marked consumed when set (a malformed entry's id is not trusted)
+
+    def record(self) -> dict[bytes, bytes]:
+        return {
+            **self.fields,
+            b"reason": self.reason.encode(),
+            b"error": self.error.encode(),
+            b"source_id": self.entry_id.encode(),
+            b"deliveries": str(self.deliveries).encode(),
+        }
+
+
+def fields_of(traj: Trajectory) -> dict[bytes, bytes]:
+    """The stream fields of a trajectory, as `publish` writes them."""
+    return {
+        b"v": str(traj.schema_version).encode(),
+        b"tid": traj.trajectory_id.encode(),
+        b"data": encode(traj),
+    }
+
+
 def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -119,6 +156,7 @@ class TrajectoryBus:
         # trajectory id -> entry ids this consumer holds unacked (the first is the delivery).
         self._inflight: dict[str, list[str]] = {}
         self._own_pending_done = False
+        self._own_cursor = "0"
         self._claim_cursor = "0-0"
         self._group_ready = False
         self._publish_script = client.register_script(_PUBLISH_LUA)
@@ -230,16 +268,20 @@ class TrajectoryBus:
         return out
 
     async def _read_own_pending(self, count: int) -> list[Delivery]:
+        # Paged by a cursor: re-reading from "0" would return the same first page forever.
         resp = await self._retrying(
             "read_pending",
             lambda: self.redis.xreadgroup(
-                self.group, self.consumer, {self.stream: "0"}, count=count
+                self.group, self.consumer, {self.stream: self._own_cursor}, count=count
             ),
         )
         entries = resp[0][1] if resp else []
-        fresh = [(eid, f) for eid, f in entries if _s(eid) not in self._held_entry_ids()]
+        if entries:
+            self._own_cursor = _s(entries[-1][0])
         if len(entries) < count:
             self._own_pending_done = True
+        held = self._held_entry_ids()
+        fresh = [(eid, f) for eid, f in entries if _s(eid) not in held]
         return await self._accept(fresh, redelivered=True)
 
     async def _reclaim(self, count: int) -> list[Delivery]:
@@ -278,35 +320,71 @@ class TrajectoryBus:
     def _held_entry_ids(self) -> set[str]:
         return {eid for eids in self._inflight.values() for eid in eids}
 
-    async def _accept(
-        self, entries: list[tuple[bytes, dict[bytes, bytes] | None]], *, redelivered: bool
-    ) -> list[Delivery]:
-        """Decode, dead-letter the malformed, drop duplicates, register the rest as held."""
-        decoded: list[tuple[str, Trajectory]] = []
+    async def _delivery_counts(self, entry_ids: Sequence[str]) -> dict[str, int]:
+        """Redis's delivery count of each entry this consumer holds (XPENDING); an entry that is
+        no longer pending on this consumer (acked or claimed meanwhile) is left out."""
+        if not entry_ids:
+            return {}
+
+        async def run() -> list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for eid in entry_ids:
+                    pipe.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
+                return list(await pipe.execute())
+
+        out: dict[str, int] = {}
+        for rows in await self._retrying("delivery_counts", run):
+            for row in rows:
+                if _s(row["consumer"]) == self.consumer:
+                    out[_s(row["message_id"])] = int(row["times_delivered"])
+        return out
+
+    async def _accept(self, entries: _RawEntries, *, redelivered: bool) -> list[Delivery]:
+        """Decode, drop what was consumed before, dead-letter the malformed and the entries
+        delivered too often, register the rest as held."""
+        counts: dict[str, int] = {}
+        if redelivered:
+            # XREADGROUP of own pending and XAUTOCLAIM both counted this delivery in Redis.
+            counts = await self._delivery_counts([_s(eid) for eid, _ in entries])
+        dead: list[_Dead] = []
+        decoded: list[tuple[str, Trajectory, int]] = []
         for raw_id, fields in entries:
             entry_id = _s(raw_id)
-            traj, reason = self._decode_entry(fields)
+            if redelivered and entry_id not in counts:
+                continue  # acked or claimed by someone else since: not ours
+            traj, reason, error = self._decode_entry(fields)
             if traj is None:
-                await self._dead_letter(entry_id, fields or {}, reason)
+                dead.append(_Dead(entry_id, fields or {}, reason, error, counts.get(entry_id, 1)))
                 continue
-            decoded.append((entry_id, traj))
-        if not decoded:
-            return []
-        tids = [t.trajectory_id for _, t in decoded]
-        scores = await self._retrying("dedup", lambda: self.redis.zmscore(self.done_key, tids))
+            decoded.append((entry_id, traj, counts.get(entry_id, 1)))
         out: list[Delivery] = []
         stale: list[tuple[str, str]] = []
-        for (entry_id, traj), done_at in zip(decoded, scores, strict=True):
-            tid = traj.trajectory_id
-            if done_at is not None:
-                stale.append((entry_id, tid))  # consumed before: ack it away
-                continue
-            if tid in self._inflight:
-                self._inflight[tid].append(entry_id)  # acked together with the original
-                DUPLICATES.inc()
-                continue
-            self._inflight[tid] = [entry_id]
-            out.append(Delivery(entry_id, traj, 2 if redelivered else 1))
+        if decoded:
+            tids = [t.trajectory_id for _, t, _ in decoded]
+            scores = await self._retrying("dedup", lambda: self.redis.zmscore(self.done_key, tids))
+            for (entry_id, traj, n), done_at in zip(decoded, scores, strict=True):
+                tid = traj.trajectory_id
+                if done_at is not None:
+                    stale.append((entry_id, tid))  # consumed (or dead) before: ack it away
+                    continue
+                if n > self.config.max_deliveries:
+                    # Handed out that often and never acked: it kills or fails its consumer.
+                    error = (
+                        f"delivered {n} times, more than bus.max_deliveries="
+                        f"{self.config.max_deliveries}, never acknowledged"
+                    )
+                    dead.append(
+                        _Dead(entry_id, fields_of(traj), "max_deliveries", error, n, tid=tid)
+                    )
+                    continue
+                if tid in self._inflight:
+                    self._inflight[tid].append(entry_id)  # acked together with the original
+                    DUPLICATES.inc()
+                    continue
+                self._inflight[tid] = [entry_id]
+                out.append(Delivery(entry_id, traj, n))
+        if dead:
+            await self._move_to_dead(dead)
         if stale:
             DUPLICATES.inc(len(stale))
             log.info("skipped already-consumed trajectories", extra={"count": len(stale)})
@@ -314,36 +392,109 @@ class TrajectoryBus:
         return out
 
     @staticmethod
-    def _decode_entry(fields: dict[bytes, bytes] | None) -> tuple[Trajectory | None, str]:
+    def _decode_entry(
+        fields: dict[bytes, bytes] | None,
+    ) -> tuple[Trajectory | None, str, str]:
+        """(trajectory, "", "") or (None, reason, error)."""
         if not fields or b"data" not in fields:
-            return None, "missing_data"
+            return None, "missing_data", "the entry has no data field"
         try:
             version = int(fields.get(b"v", b"-1"))
         except ValueError:
-            return None, "bad_version"
+            return None, "bad_version", f"schema version {fields.get(b'v')!r} is not a number"
         if version not in SUPPORTED_VERSIONS:
-            return None, "unknown_version"
+            known = sorted(SUPPORTED_VERSIONS)
+            return (
+                None,
+                "unknown_version",
+                f"schema version {version} (this consumer reads {known})",
+            )
         try:
-            return decode(fields[b"data"]), ""
-        except SchemaError:
-            return None, "undecodable"
+            return decode(fields[b"data"]), "", ""
+        except SchemaError as e:
+            return None, "undecodable", str(e)
 
-    async def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
-        DEAD_LETTERED.labels(reason).inc()
-        log.warning(
-            "dead-lettered a bus entry",
-            extra={"entry_id": entry_id, "reason": reason, "dead_stream": self.dead_stream},
-        )
-        record = {**fields, b"error": reason.encode(), b"source_id": entry_id.encode()}
+    async def _move_to_dead(self, rows: Sequence[_Dead], also_ack: Sequence[str] = ()) -> None:
+        """Append each row to the dead-letter stream and ack + delete its entry (and the
+        `also_ack` entries: duplicates held with them) in one transaction. Trajectory ids are
+        marked consumed, so a republished copy is not trained either."""
+        tids = [r.tid for r in rows if r.tid is not None]
+        entry_ids = [r.entry_id for r in rows] + list(also_ack)
+        now = time.time()
 
         async def move() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.dead_stream, record)
-                pipe.xack(self.stream, self.group, entry_id)
-                pipe.xdel(self.stream, entry_id)
+                for r in rows:
+                    pipe.xadd(self.dead_stream, r.record())
+                if tids:
+                    pipe.zadd(self.done_key, dict.fromkeys(tids, now))
+                pipe.xack(self.stream, self.group, *entry_ids)
+                pipe.xdel(self.stream, *entry_ids)
                 await pipe.execute()
 
         await self._retrying("dead_letter", move)
+        for r in rows:
+            DEAD_LETTERS.labels(r.reason).inc()
+        by_reason: dict[str, list[str]] = {}
+        for r in rows:
+            by_reason.setdefault(r.reason, []).append(r.tid or r.entry_id)
+        for reason, ids in by_reason.items():
+            log.warning(
+                "dead-lettered bus entries",
+                extra={
+                    "reason": reason,
+                    "count": len(ids),
+                    "trajectory_ids": ids[:20],
+                    "error": next(r.error for r in rows if r.reason == reason)[:500],
+                    "dead_stream": self.dead_stream,
+                },
+            )
+
+    async def dead_letter(self, deliveries: Sequence[Delivery], reason: str, error: str) -> int:
+        """Move held deliveries to the dead-letter stream with `reason` (a short label, the
+        metric's) and `error` (what went wrong); they are acked and never delivered again."""
+        rows: list[_Dead] = []
+        also_ack: list[str] = []
+        for d in deliveries:
+            held = self._inflight.pop(d.trajectory_id, [])
+            also_ack += [eid for eid in held if eid != d.entry_id]
+            rows.append(
+                _Dead(
+                    d.entry_id,
+                    fields_of(d.trajectory),
+                    reason,
+                    error,
+                    d.delivery_count,
+                    tid=d.trajectory_id,
+                )
+            )
+        if rows:
+            await self._move_to_dead(rows, also_ack)
+        return len(rows)
+
+    async def forgive_held(self, keep: Iterable[Delivery] = ()) -> int:
+        """Take back the current delivery of every held entry but `keep`'s: called when the
+        consumer is about to crash because of `keep` (a failed batch), so its restart does not
+        count against the innocent entries it held beside them (`max_deliveries`)."""
+        kept = {eid for d in keep for eid in self._inflight.get(d.trajectory_id, [d.entry_id])}
+        ids = sorted(self._held_entry_ids() - kept)
+        by_count: dict[int, list[str]] = {}
+        for eid, n in (await self._delivery_counts(ids)).items():
+            by_count.setdefault(max(n - 1, 0), []).append(eid)
+        if not by_count:
+            return 0
+
+        async def run() -> None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for n, eids in by_count.items():
+                    # JUSTID: no new delivery is counted; RETRYCOUNT sets the count.
+                    pipe.xclaim(
+                        self.stream, self.group, self.consumer, 0, eids, retrycount=n, justid=True
+                    )
+                await pipe.execute()
+
+        await self._retrying("forgive", run)
+        return sum(len(v) for v in by_count.values())
 
     async def heartbeat(self) -> None:
         """Reset the idle time of held entries so other consumers do not reclaim them."""
@@ -392,6 +543,9 @@ class TrajectoryBus:
             "dead_letters", lambda: self.redis.xrange(self.dead_stream, count=count)
         )
         return [{"id": _s(eid), **{_s(k): v for k, v in fields.items()}} for eid, fields in rows]
+
+    async def dead_letter_count(self) -> int:
+        return int(await self._retrying("dead_letters", lambda: self.redis.xlen(self.dead_stream)))
 
     async def pending_count(self) -> int:
         info = await self._retrying("pending", lambda: self.redis.xpending(self.stream, self.group))

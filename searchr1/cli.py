@@ -78,7 +78,7 @@ def bus_stats(config: ConfigOption = None) -> None:
             await bus.ensure_group()
             backlog = await bus.backlog()
             pending = await bus.pending_count()
-            dead = await bus.redis.xlen(bus.dead_stream)
+            dead = await bus.dead_letter_count()
             typer.echo(
                 f"stream={bus.stream} group={bus.group} backlog={backlog} "
                 f"pending={pending} undelivered={backlog - pending} dead_letters={dead}"
@@ -94,15 +94,23 @@ def bus_dead_letters(
     config: ConfigOption = None,
     count: int = typer.Option(20, min=1, help="How many to show, oldest first."),
 ) -> None:
-    """List dead-lettered entries with the reason each was rejected."""
+    """List dead-lettered entries: why each was rejected, its trajectory id and the error."""
+
+    def text(row: dict[str, object], key: str) -> str:
+        value = row.get(key, b"")
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
     async def run() -> None:
         bus = _bus_from(config)
         try:
             for row in await bus.dead_letters(count):
-                size = len(row.get("data", b""))
-                reason = row["error"].decode()
-                typer.echo(f"{row['id']} source={row['source_id'].decode()} {reason=} {size=}")
+                # Entries dead-lettered before `reason` existed kept it in `error`.
+                reason = text(row, "reason") or text(row, "error")
+                typer.echo(
+                    f"{row['id']} source={text(row, 'source_id')} tid={text(row, 'tid')} "
+                    f"reason={reason} deliveries={text(row, 'deliveries') or '?'} "
+                    f"size={len(row.get('data', b''))} error={text(row, 'error')!r}"
+                )
         finally:
             await bus.close()
 

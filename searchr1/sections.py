@@ -61,3 +61,9 @@ class BusConfig(Section):
         "unreachable, and raises after this long.",
     )
     backpressure_poll_s: float = Field(default=0.05, gt=0)
+    max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        description="An entry is handed to consumers at most this many times (restarts of a "
+        "crashed consumer included); past that it goes to the dead-letter stream, never trained.",
+    )

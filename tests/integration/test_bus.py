@@ -206,7 +206,7 @@ async def test_malformed_entries_go_to_the_dead_letter_stream(redis_server: Redi
     consumer = bus_for(redis_server, consumer="c1")
     await consumer.ensure_group()
     before = {
-        r: metric("searchr1_bus_dead_lettered_total", reason=r)
+        r: metric("searchr1_bus_dead_letters_total", reason=r)
         for r in ("undecodable", "unknown_version", "missing_data")
     }
     raw = consumer.redis
@@ -224,17 +224,18 @@ async def test_malformed_entries_go_to_the_dead_letter_stream(redis_server: Redi
     got = await drain(consumer)
     assert [t.trajectory_id for t in got] == ["good-1", "good-2"]
     dead = await consumer.dead_letters()
-    assert [d["error"] for d in dead] == [
+    assert [d["reason"] for d in dead] == [
         b"undecodable",
         b"unknown_version",
         b"missing_data",
         b"undecodable",
     ]
-    assert all(d["source_id"] for d in dead)
-    assert metric("searchr1_bus_dead_lettered_total", reason="undecodable") == (
+    assert all(d["source_id"] and d["error"] for d in dead)
+    assert b"schema version 99" in dead[1]["error"]
+    assert metric("searchr1_bus_dead_letters_total", reason="undecodable") == (
         before["undecodable"] + 2
     )
-    assert metric("searchr1_bus_dead_lettered_total", reason="unknown_version") == (
+    assert metric("searchr1_bus_dead_letters_total", reason="unknown_version") == (
         before["unknown_version"] + 1
     )
     assert await consumer.backlog() == 0
