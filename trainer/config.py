@@ -119,6 +119,13 @@ class BatchConfig(Section):
     )
     packing: bool = Field(default=True, description="False: the padded path (for comparison).")
     consume_block_s: float = Field(default=1.0, gt=0)
+    incomplete_group_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A prompt group still missing members this long after its first one arrived "
+        "is dead-lettered (reason incomplete_group). Keep it above bus.reclaim_idle_s: a dead "
+        "trainer's half of a group is reclaimed only after that.",
+    )
 
 
 class CheckpointConfig(Section):

@@ -7,6 +7,11 @@ the previous checkpoint, so they are trained again exactly once; a crash after t
 but before the ack is repaired on resume by re-acknowledging the checkpoint's receipts before
 consuming anything.
 
+A step that raises crashes the trainer, every time (the restart resumes from the checkpoint);
+on the batch's `bus.max_deliveries`-th delivery its groups are dead-lettered first, so the
+crash-restart loop ends (docs/bus.md, "Poison entries"). Groups that cannot complete are
+dead-lettered after `batch.incomplete_group_timeout_s`.
+
 With several ranks (torchrun), rank 0 reads the bus and broadcasts each step's trajectories;
 all ranks run the step, checkpoint and push collectively.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +45,17 @@ class WeightPushFailed(RuntimeError):
 class GroupBuffer:
     """Holds deliveries until their prompt group is complete (`group_size` members)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._groups: dict[str, list[Delivery]] = {}
         self._complete: list[str] = []
+        self._clock = clock
+        self._since: dict[str, float] = {}  # group id -> when its first member arrived
 
     def add(self, deliveries: Sequence[Delivery]) -> None:
         for d in deliveries:
             gid = d.trajectory.group_id or d.trajectory.trajectory_id
             members = self._groups.setdefault(gid, [])
+            self._since.setdefault(gid, self._clock())
             members.append(d)
             # group_size 0 (unset) means a group of one.
             if len(members) == max(d.trajectory.group_size, 1) and gid not in self._complete:
@@ -64,8 +72,23 @@ class GroupBuffer:
         out: list[Delivery] = []
         for gid in self._complete[:n_groups]:
             out += self._groups.pop(gid)
+            del self._since[gid]
         self._complete = self._complete[n_groups:]
         return out
+
+    def expire(self, timeout_s: float) -> list[tuple[str, list[Delivery]]]:
+        """Remove and return the groups still incomplete `timeout_s` after their first member
+        arrived: the orchestrator publishes a group whole, so their missing members are gone
+        (dead-lettered, or never published) and they would hold backlog forever."""
+        now = self._clock()
+        old = [
+            gid
+            for gid, since in self._since.items()
+            if now - since > timeout_s and gid not in self._complete
+        ]
+        for gid in old:
+            del self._since[gid]
+        return [(gid, self._groups.pop(gid)) for gid in old]
 
 
 @dataclass
@@ -102,6 +125,7 @@ class TrainingLoop:
         self.status = LoopStatus()
         self.stop_event = asyncio.Event()
         self._buffer = GroupBuffer()
+        self._batch: list[Delivery] = []  # rank 0: the deliveries of the step being trained
         self._unacked: list[Receipt] = []  # trained since the last durable checkpoint
         self._checkpointed_step = 0
         self._resumed = False
@@ -133,13 +157,29 @@ class TrainingLoop:
         """Rank 0: deliveries of `groups_per_step` complete groups, or None when stopping."""
         assert self.bus is not None
         want = self.cfg.batch.groups_per_step
+        await self._expire_incomplete_groups()
         while self._buffer.complete_groups < want:
             if self.stop_event.is_set():
                 return None
             n = max(want - self._buffer.complete_groups, 1) * 8
             got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
             self._buffer.add(got)
-        return self._buffer.take(want)
+            await self._expire_incomplete_groups()
+        self._batch = self._buffer.take(want)
+        return self._batch
+
+    async def _expire_incomplete_groups(self) -> None:
+        """Dead-letter groups that can no longer complete: held, they would hold their entries
+        (and the backlog bound) forever."""
+        assert self.bus is not None
+        timeout = self.cfg.batch.incomplete_group_timeout_s
+        for gid, members in self._buffer.expire(timeout):
+            size = max(members[0].trajectory.group_size, 1)
+            error = (
+                f"group {gid}: {len(members)} of {size} members after {timeout:g}s "
+                "(trainer.batch.incomplete_group_timeout_s)"
+            )
+            await self.bus.dead_letter(members, "incomplete_group", error)
 
     async def _step_input(self) -> tuple[list[Trajectory] | None, list[Receipt]]:
         deliveries: list[Delivery] | None = None
@@ -202,9 +242,53 @@ class TrainingLoop:
     async def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
         try:
             return await asyncio.to_thread(train_on, trajs, self.backend, self.cfg)
-        except Exception:
+        except Exception as e:
             ERRORS.labels("train_step").inc()
+            if self.bus is not None:
+                await self._on_train_failure(e)
+            # Always a crash, the dead-lettering one too: the weights may hold part of the
+            # failed step, the restart resumes from the last checkpoint, which does not.
             raise
+
+    async def _on_train_failure(self, error: Exception) -> None:
+        """Rank 0, before the crash. Groups of the failed batch on their last allowed delivery
+        (`bus.max_deliveries`) go to the dead-letter stream with the error, so the restart
+        goes on without them; earlier failures leave the batch to be retried (and counted).
+        Everything else held (the buffer, trained steps awaiting their checkpoint) is not
+        charged for this crash."""
+        assert self.bus is not None
+        limit = self.bus.config.max_deliveries
+        groups: dict[str, list[Delivery]] = {}
+        for d in self._batch:
+            groups.setdefault(d.trajectory.group_id or d.trajectory_id, []).append(d)
+        exhausted = [
+            d
+            for members in groups.values()
+            if any(m.delivery_count >= limit for m in members)
+            for d in members
+        ]
+        dead_ids = {d.entry_id for d in exhausted}
+        retried = [d for d in self._batch if d.entry_id not in dead_ids]
+        text = f"{type(error).__name__}: {error}"
+        context = {
+            "trajectories": len(self._batch),
+            "max_delivery_count": max((d.delivery_count for d in self._batch), default=0),
+            "max_deliveries": limit,
+            "error": text[:500],
+        }
+        try:
+            if exhausted:
+                await self.bus.dead_letter(exhausted, "train_error", text)
+                log.error(
+                    "training failed on the last allowed delivery; the batch's groups are "
+                    "dead-lettered and the restart goes on without them",
+                    extra={**context, "dead_lettered": len(exhausted)},
+                )
+            else:
+                log.error("training failed; the restart retries the batch", extra=context)
+            await self.bus.forgive_held(keep=retried)
+        except Exception:  # the crash that follows matters more than this bookkeeping
+            log.exception("could not record the failed batch on the bus")
 
     async def _push(self, step: int) -> dict[str, float]:
         """Push the weights of `step` as version `step`, retried until

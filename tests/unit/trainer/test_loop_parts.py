@@ -34,6 +34,23 @@ def test_unset_group_size_is_a_group_of_one() -> None:
     assert buf.complete_groups == 1
 
 
+def test_incomplete_groups_expire_after_the_timeout() -> None:
+    now = [0.0]
+    buf = GroupBuffer(clock=lambda: now[0])
+    buf.add([d("a", 0, 2)])
+    now[0] = 5.0
+    buf.add([d("b", 0, 2), d("c", 0, 1)])
+    assert buf.expire(10) == []
+    now[0] = 10.5
+    [(gid, members)] = buf.expire(10)
+    assert gid == "a" and [m.trajectory_id for m in members] == ["a-0"]
+    assert buf.held() == 2  # b is 5.5 s old; c is complete and never expires
+    now[0] = 100.0
+    assert [g for g, _ in buf.expire(10)] == ["b"]
+    assert [x.trajectory_id for x in buf.take(1)] == ["c-0"]
+    assert buf.held() == 0 and buf.expire(10) == []
+
+
 def test_optional_sinks_without_their_packages_are_skipped(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     from trainer.metrics import OptionalSinks
 
