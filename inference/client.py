@@ -125,9 +125,12 @@ class InferenceClient:
         max_connections: int = 256,
         backoff_s: float = 0.2,
         vocab_size: int | None = None,
+        deadline_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.vocab_size = vocab_size  # when set, token ids outside [0, vocab_size) never leave
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s  # a call's total time with its retries (None: no bound)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -143,18 +146,38 @@ class InferenceClient:
         )
 
     async def _request(
-        self, method: str, path: str, json: Any = None, *, retries: int | None = None
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        retries: int | None = None,
+        deadline_s: float | None = None,
     ) -> Any:
+        """One call with its retries, all within `deadline_s` (default: the client's) when set:
+        no attempt outlives it and no retry starts past it."""
         attempts = 1 + (self.max_retries if retries is None else retries)
+        budget = deadline_s if deadline_s is not None else self.deadline_s
+        loop = asyncio.get_running_loop()
+        deadline = None if budget is None else loop.time() + budget
         last: Exception | None = None
         for attempt in range(attempts):
             if attempt:
                 CLIENT_RETRIES.labels(path).inc()
-                delay = self.backoff_s * 2 ** (attempt - 1)
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
+                if deadline is not None and loop.time() + delay >= deadline:
+                    break
+                await asyncio.sleep(delay)
+            timeout: Any = httpx.USE_CLIENT_DEFAULT
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                timeout = httpx.Timeout(min(left, self.timeout_s), connect=min(10.0, left))
             try:
-                resp = await self._http.request(method, path, json=json)
+                resp = await self._http.request(method, path, json=json, timeout=timeout)
             except (httpx.TransportError, httpx.TimeoutException) as e:
+                # A timed-out request's connection is closed: our engine aborts its work.
                 last = e
                 continue
             if resp.status_code >= 500:
@@ -173,6 +196,11 @@ class InferenceClient:
                 return resp.text
         CLIENT_FAILURES.labels(path, "unavailable").inc()
         log.warning("inference call failed", extra={"path": path, "error": str(last)})
+        if deadline is not None and loop.time() >= deadline - self.backoff_s:
+            raise InferenceUnavailable(
+                f"{path}: no answer within the call's deadline of {budget}s "
+                f"(last: {type(last).__name__}: {last})"
+            ) from last
         if isinstance(last, InferenceUnavailable):
             raise last
         raise InferenceUnavailable(f"{path}: {type(last).__name__}: {last}") from last
@@ -190,6 +218,7 @@ class InferenceClient:
         no_stop_trim: bool = True,
         return_logprob: bool = True,
         seed: int | None = None,
+        deadline_s: float | None = None,
     ) -> GenerateResult:
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
@@ -208,7 +237,7 @@ class InferenceClient:
         self._check_ids(stop_token_ids or [], "stop_token_ids")
         body = {"input_ids": list(input_ids), "sampling_params": params}
         body["return_logprob"] = return_logprob
-        data = await self._request("POST", "/generate", body)
+        data = await self._request("POST", "/generate", body, deadline_s=deadline_s)
         return parse_generate(data, return_logprob)
 
     def _check_ids(self, ids: list[int], field: str) -> None:

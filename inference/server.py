@@ -8,13 +8,16 @@ calls one engine method, and maps ValueError to 400, overload to 429.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
@@ -22,6 +25,11 @@ from inference.sampling import SamplingParams, check_text
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+DISCONNECTED = Counter(
+    "searchr1_inference_client_disconnects_total",
+    "Requests aborted because their client went away before the answer",
+)
 
 
 class _Req(BaseModel):
@@ -89,6 +97,29 @@ def _fail(e: Exception, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": str(e)}, status_code=status)
 
 
+class ClientGone(Exception):
+    """The client of a running request disconnected."""
+
+
+async def _unless_disconnected(
+    request: Request, work: Coroutine[Any, Any, T], poll_s: float = 0.25
+) -> T:
+    """Await `work`, cancelling it if the client goes away (its timeout, a crash): the engine
+    then frees the request's slot at its next step instead of generating for nobody, and
+    retries of timed-out calls do not pile up until the queue is full."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            DISCONNECTED.inc()
+            raise ClientGone
+
+
 def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> FastAPI:
     """The inference service app; the engine is created (and shut down) by the caller."""
 
@@ -104,7 +135,7 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
     admin = [Depends(require_token(admin_token))]
 
     @app.post("/generate")
-    async def generate(req: GenerateReq) -> JSONResponse:
+    async def generate(req: GenerateReq, request: Request) -> JSONResponse:
         if req.stream:
             raise HTTPException(400, "stream=true is not supported by the reference engine")
         try:
@@ -113,7 +144,11 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
             REJECTED.labels("bad_request").inc()
             raise HTTPException(400, str(e)) from None
         try:
-            out = await engine.generate(req.input_ids, params, text=req.text, rid=req.rid)
+            out = await _unless_disconnected(
+                request, engine.generate(req.input_ids, params, text=req.text, rid=req.rid)
+            )
+        except ClientGone:
+            return JSONResponse({"detail": "client disconnected"}, status_code=499)
         except ValueError as e:  # counted and logged by the engine
             raise HTTPException(400, str(e)) from None
         except EngineOverloaded as e:

@@ -231,6 +231,8 @@ class Rollout:
                     stop=list(self.cfg.stop),
                     no_stop_trim=True,
                     return_logprob=True,
+                    # The call and its own retries end with this sample's budget.
+                    deadline_s=max(deadline - time.monotonic(), 1.0),
                 )
                 if result.finish_reason == "abort" and aborts < self.cfg.max_abort_retries:
                     aborts += 1

@@ -47,7 +47,7 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
     from searchr1.bus import TrajectoryBus
 
     return Clients(
-        engine=InferenceClient(cfg.engine_url),
+        engine=InferenceClient(cfg.engine_url, deadline_s=cfg.engine_retry_s),
         retriever=RetrieverClient(cfg.search.retriever_url, timeout_s=cfg.search.timeout_s),
         bus=TrajectoryBus.from_url(redis_url, bus_cfg),
     )

@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import SecretStr
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from searchr1.logs import request_id_var
@@ -129,10 +129,58 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _route_template(request: Request) -> str:
+def _route_template(scope: Scope) -> str:
     # The route template ("/items/{id}"), not the raw path, keeps label cardinality bounded.
-    route = request.scope.get("route")
+    route = scope.get("route")
     return getattr(route, "path", None) or "<unmatched>"
+
+
+class RequestContextMiddleware:
+    """X-Request-ID in and out (and on every log line), request metrics, and a logged 500 for
+    anything unhandled.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hides the
+    client's disconnect from the app, and the engine must see it to abort work for nobody."""
+
+    def __init__(self, app: ASGIApp, service: str) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        start = time.perf_counter()
+        status, started = 500, False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started, status = True, message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            route = _route_template(scope)
+            HTTP_ERRORS.labels(self.service, route).inc()
+            log.exception("unhandled error", extra={"route": route, "method": scope["method"]})
+            status = 500
+            if not started:
+                answer = JSONResponse(
+                    {"error": "internal error", "request_id": rid},
+                    status_code=500,
+                    headers={"X-Request-ID": rid},
+                )
+                await answer(scope, receive, send)
+        finally:
+            route = _route_template(scope)
+            HTTP_REQUESTS.labels(self.service, route, scope["method"], str(status)).inc()
+            HTTP_LATENCY.labels(self.service, route).observe(time.perf_counter() - start)
+            request_id_var.reset(token)
 
 
 def create_service_app(
@@ -154,32 +202,7 @@ def create_service_app(
     # carry a request id like every other answer.
     app.add_middleware(BodyLimitMiddleware, limit=lambda: app.state.max_body_bytes)
 
-    @app.middleware("http")
-    async def request_context(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
-        token = request_id_var.set(rid)
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            response.headers["X-Request-ID"] = rid
-            return response
-        except Exception:
-            route = _route_template(request)
-            HTTP_ERRORS.labels(service, route).inc()
-            log.exception("unhandled error", extra={"route": route, "method": request.method})
-            return JSONResponse(
-                {"error": "internal error", "request_id": rid},
-                status_code=500,
-                headers={"X-Request-ID": rid},
-            )
-        finally:
-            route = _route_template(request)
-            elapsed = time.perf_counter() - start
-            HTTP_REQUESTS.labels(service, route, request.method, str(status)).inc()
-            HTTP_LATENCY.labels(service, route).observe(elapsed)
-            request_id_var.reset(token)
+    app.add_middleware(RequestContextMiddleware, service=service)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -282,3 +282,32 @@ async def test_logprobs_are_of_the_temperature_scaled_distribution(
     ref = [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(out.output_ids)]
     assert out.logprobs is not None
     assert max(abs(a - b) for a, b in zip(ref, out.logprobs, strict=True)) < 1e-4
+
+
+def engine_metric(url: str, name: str, labels: str = "") -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            got = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            if s.name == name and got == labels:
+                return s.value
+    return 0.0
+
+
+async def test_work_of_a_client_that_went_away_is_aborted(target: Target) -> None:
+    """A request whose client disconnected (its timeout, a killed orchestrator) used to run to
+    its end, so the client's retries piled up in the engine until it answered 429."""
+    if target.is_sglang:
+        pytest.skip("our engine's behaviour (SGLang aborts on disconnect itself)")
+    aborted = 'finish_reason="abort"'
+    before = engine_metric(target.url, "searchr1_inference_requests_total", aborted)
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    async with httpx.AsyncClient(base_url=target.url, timeout=0.5) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/generate", json=body)
+    for _ in range(200):  # the engine notices within its poll interval
+        if engine_metric(target.url, "searchr1_inference_running_requests") == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine_metric(target.url, "searchr1_inference_requests_total", aborted) == before + 1

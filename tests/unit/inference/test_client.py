@@ -89,3 +89,23 @@ def test_parse_without_logprobs_and_abort() -> None:
     body = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
     out = parse_generate(body, return_logprob=False)
     assert out.finish_reason == "abort" and out.logprobs is None and out.completion_tokens == 0
+
+
+async def test_a_call_never_outlives_its_total_deadline() -> None:
+    """Read timeouts used to be retried 3 x 600 s whatever the caller's own budget."""
+    import asyncio
+
+    attempts: list[float] = []
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        attempts.append(0.0)
+        await asyncio.sleep(0.3)
+        return httpx.Response(503, json={"detail": "busy"})
+
+    c = InferenceClient(
+        "http://x", max_retries=50, backoff_s=0.01, transport=httpx.MockTransport(slow)
+    )
+    with pytest.raises(InferenceUnavailable, match="deadline"):
+        await c.generate([1], max_new_tokens=1, deadline_s=1.0)
+    assert 2 <= len(attempts) <= 5  # not the 51 attempts the retry count alone allows
+    await c.aclose()
