@@ -44,6 +44,10 @@ class Generator(Protocol):
     async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 
 
+# SGLang refuses an input longer than its context length - 6 tokens (`max_req_input_len`).
+INPUT_RESERVE = 6
+
+
 class EngineDown(RuntimeError):
     """The engine stayed unreachable for longer than `engine_retry_s`."""
 
@@ -141,8 +145,9 @@ class Rollout:
         max_new = min(self.cfg.max_tokens_per_turn, remaining)
         room = None
         if self.context_length is not None:
-            room = self.context_length - len(sample.prompt_ids) - len(sample.response_ids)
-            if room <= 0:
+            used = len(sample.prompt_ids) + len(sample.response_ids)
+            room = self.context_length - used
+            if room <= 0 or used > self.context_length - INPUT_RESERVE:
                 sample.status = Status.CONTEXT_LIMIT
                 return True
             max_new = min(max_new, room)

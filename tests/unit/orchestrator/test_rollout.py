@@ -267,11 +267,11 @@ async def test_each_turn_asks_for_at_most_what_fits_in_the_context(tokenizer) ->
     # SGLang rejects prompt + max_new_tokens over its context: ask for what still fits.
     n_prompt = len(prompt_token_ids(tokenizer, PROMPT.messages))
     engine, rollout, [s] = make(
-        tokenizer, [TURN1, TURN2], context_length=n_prompt + 5, max_tokens_per_turn=50
+        tokenizer, [TURN1, TURN2], context_length=n_prompt + 9, max_tokens_per_turn=50
     )
     await rollout.run_sample(s)
-    assert engine.calls[0]["max_new_tokens"] == 5
-    assert len(s.response_ids) == 5 and s.status == Status.CONTEXT_LIMIT
+    assert engine.calls[0]["max_new_tokens"] == 9
+    assert len(s.response_ids) == 9 and s.status == Status.CONTEXT_LIMIT
     assert to_trajectory(s).finish_reason == FinishReason.FINISH_REASON_CONTEXT_LIMIT
 
 
@@ -284,3 +284,11 @@ async def test_a_turn_is_stamped_with_the_version_it_started_with(tokenizer) -> 
     assert [t.weight_version for t in s.turns] == [3, 3]
     traj = to_trajectory(s)
     assert traj.weight_version == 3 and traj.max_weight_version == 4
+
+
+async def test_an_input_sglang_would_refuse_ends_the_sample(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # SGLang 0.5.21 refuses inputs over context - 6 tokens even with room left to generate.
+    n_prompt = len(prompt_token_ids(tokenizer, PROMPT.messages))
+    engine, rollout, [s] = make(tokenizer, [TURN1], context_length=n_prompt + 5)
+    await rollout.run_sample(s)
+    assert engine.calls == [] and s.status == Status.CONTEXT_LIMIT
