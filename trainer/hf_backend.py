@@ -41,8 +41,6 @@ from trainer.config import DType, LossConfig, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
 from trainer.losses import LossTerms, aggregation_weights, entropy_from_logits, grpo_loss
 
-# Metrics that are weighted sums (add over micro-batches and ranks) vs plain counts.
-_WEIGHTED = ("loss", "pg_loss", "kl", "entropy", "clip_fraction_low", "clip_fraction_high")
 # Token counts: summed over mini-batches (the other metrics are averaged).
 _COUNTS = ("nonfinite_trainer_logprobs", "nonfinite_ref_logprobs")
 
