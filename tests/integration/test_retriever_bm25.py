@@ -11,7 +11,7 @@ from retriever import synthetic
 from retriever.build import BuildConfig, build_index
 from retriever.config import RetrieverConfig
 from retriever.engine import RetrieverEngine
-from retriever.testing import RetrieverProcess
+from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 200
 

@@ -17,8 +17,8 @@ from retriever.build import BuildConfig, build_index
 from retriever.client import RetrieverBadRequest, RetrieverClient, RetrieverUnavailable
 from retriever.encoder import Encoder, EncoderSpec
 from retriever.manifest import read_manifest
-from retriever.testing import RetrieverProcess
 from searchr1.redis_server import free_port
+from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 150
 

@@ -21,7 +21,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from retriever import synthetic
 from retriever.encoder import default_encoder_path
-from retriever.testing import RetrieverProcess
+from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 120
 

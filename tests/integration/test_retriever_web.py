@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from retriever.client import RetrieverClient, RetrieverUnavailable
-from retriever.testing import FakeSerper, RetrieverProcess
+from tests.support.retriever_server import FakeSerper, RetrieverProcess
 
 
 @pytest.fixture(scope="module")

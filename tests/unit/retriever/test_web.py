@@ -8,7 +8,7 @@ import pytest
 from retriever.backends.base import BackendUnavailable
 from retriever.backends.web import RateLimiter, WebBackend, to_hits
 from retriever.config import SerperConfig
-from retriever.testing import FakeSerper
+from tests.support.retriever_server import FakeSerper
 
 
 @pytest.fixture(scope="module")

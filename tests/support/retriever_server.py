@@ -1,4 +1,4 @@
-"""Helpers to run a real retriever server process (tests, benchmarks, other packages' tests).
+"""Run a real retriever server process, and a fake serper.dev, for tests and benchmarks.
 
 with RetrieverProcess(index_dir) as rp:
     client = RetrieverClient(rp.url)
