@@ -166,6 +166,13 @@ class WeightPushConfig(Section):
         "on while the engines serve old weights (sync rollouts would wait for them forever).",
     )
     retry_backoff_s: float = Field(default=1.0, gt=0)
+    resync_check_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="While waiting for rollouts, check this often that every engine serves "
+        "the trainer's version; one behind (restarted: version 0) gets the current weights "
+        "again. Single-rank trainers only.",
+    )
 
 
 class DType(StrEnum):

@@ -129,6 +129,7 @@ class TrainingLoop:
         self._unacked: list[Receipt] = []  # trained since the last durable checkpoint
         self._checkpointed_step = 0
         self._resumed = False
+        self._last_resync_check = time.monotonic()
 
     # -- start-up -------------------------------------------------------------------------
 
@@ -161,12 +162,31 @@ class TrainingLoop:
         while self._buffer.complete_groups < want:
             if self.stop_event.is_set():
                 return None
+            await self._resync_engines()
             n = max(want - self._buffer.complete_groups, 1) * 8
             got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
             self._buffer.add(got)
             await self._expire_incomplete_groups()
         self._batch = self._buffer.take(want)
         return self._batch
+
+    async def _resync_engines(self) -> None:
+        """An engine that restarted serves its initial weights (version 0): sync rollouts would
+        wait for the trainer's version forever, while the trainer waits for their data. Give it
+        the current weights again (single rank: a push is collective)."""
+        every = self.cfg.weight_push.resync_check_s
+        if self.info.distributed or not self.pusher.enabled or self.status.step == 0:
+            return
+        if time.monotonic() - self._last_resync_check < every:
+            return
+        self._last_resync_check = time.monotonic()
+        behind = await self.pusher.engines_behind(self.status.weight_version)
+        if behind:
+            log.warning(
+                "engines behind the trainer's version; pushing again",
+                extra={"engines": behind, "version": self.status.weight_version},
+            )
+            await self._push(self.status.step)
 
     async def _expire_incomplete_groups(self) -> None:
         """Dead-letter groups that can no longer complete: held, they would hold their entries

@@ -117,6 +117,21 @@ class WeightPusher:
             await asyncio.gather(*(c.aclose() for c in clients))
         return max(versions)
 
+    async def engines_behind(self, version: int) -> list[str]:
+        """Engines that answer with a version below `version` (restarted, or a push that never
+        reached them); an engine that does not answer is not counted (it may be starting)."""
+        from inference.client import InferenceClient, InferenceError
+
+        async def behind(url: str) -> bool:
+            async with InferenceClient(url, token=self.token, timeout_s=10, max_retries=0) as c:
+                try:
+                    return (await c.get_model_info())["weight_version"] < version
+                except InferenceError:
+                    return False
+
+        flags = await asyncio.gather(*(behind(u) for u in self.cfg.engine_urls))
+        return [u for u, f in zip(self.cfg.engine_urls, flags, strict=True) if f]
+
     async def close(self) -> None:
         if self._sender is not None:
             await self._sender.close()

@@ -242,3 +242,49 @@ async def test_a_push_that_keeps_failing_stops_the_trainer(
             await asyncio.wait_for(loop.run(), timeout=60)
     finally:
         await bus.close()
+
+
+async def test_an_engine_that_restarted_gets_the_current_weights_again(
+    client: InferenceClient, tiny_model_dir: Path, redis_server
+) -> None:  # type: ignore[no-untyped-def]
+    """A restarted engine serves version 0: sync rollouts waited for the trainer's version
+    forever while the trainer waited for their data."""
+    from searchr1.bus import TrajectoryBus
+    from searchr1.sections import BusConfig
+    from trainer.loop import TrainingLoop
+
+    port = free_port()
+    cfg = loop_config(
+        tiny_model_dir,
+        WeightPushConfig(
+            mode="distributed", engine_urls=[f"http://127.0.0.1:{port}"],
+            master_port=free_port(), resync_check_s=0.5,
+        ),
+    )  # fmt: skip
+    cfg.max_steps = 2  # data for one step only: the trainer then waits for rollouts
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
+    await bus.publish(await rollouts(client, seed=800))
+    backend = HFBackend(load_hf_model(cfg), cfg, CPU)
+    loop = TrainingLoop(cfg, backend, CPU, bus=bus)
+    engine = InferenceServerProcess(tiny_model_dir, port=port).start()
+    task = asyncio.create_task(loop.run())
+    try:
+        while loop.status.weight_version < 1:
+            assert not task.done()
+            await asyncio.sleep(0.1)
+        engine.stop()  # the engine restarts: back to the initial weights, version 0
+        engine = InferenceServerProcess(tiny_model_dir, port=port).start()
+        async with InferenceClient(engine.url) as c:
+            for _ in range(300):
+                if (await c.get_model_info())["weight_version"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await c.get_model_info())["weight_version"] == 1
+            again = await rollouts(c, seed=900)
+        assert max_diff(cfg, backend, again) < 1e-4  # the trainer's weights, not the initial
+    finally:
+        loop.stop_event.set()
+        await asyncio.wait_for(task, 60)
+        await loop.pusher.close()
+        engine.stop()
+        await bus.close()
