@@ -131,6 +131,7 @@ class InferenceClient:
         self.vocab_size = vocab_size  # when set, token ids outside [0, vocab_size) never leave
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s  # a call's total time with its retries (None: no bound)
+        self._model_info_path = "/model_info"
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -253,7 +254,16 @@ class InferenceClient:
             )
 
     async def get_model_info(self) -> dict[str, Any]:
-        info = dict(await self._request("GET", "/get_model_info"))
+        """`/model_info` (SGLang 0.5.21 logs a deprecation warning for every `/get_model_info`,
+        which the orchestrator polls); servers without it get the old route."""
+        try:
+            data = await self._request("GET", self._model_info_path)
+        except InferenceBadRequest as e:
+            if e.status != 404 or self._model_info_path == "/get_model_info":
+                raise
+            self._model_info_path = "/get_model_info"
+            data = await self._request("GET", self._model_info_path)
+        info = dict(data)
         info["weight_version"] = parse_weight_version(info.get("weight_version"))
         return info
 

@@ -170,7 +170,8 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         out = await engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0))
         return {"status": "ok", "weight_version": str(out.weight_version)}
 
-    @app.get("/get_model_info")
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's older name, still served (deprecated there)
     async def get_model_info() -> dict[str, Any]:
         return engine.model_info()
 

@@ -319,3 +319,26 @@ async def test_work_of_a_client_that_went_away_is_aborted(target: Target) -> Non
         assert engine_metric(target.url, "searchr1_inference_requests_total", aborted) == (
             before + 1
         )
+
+
+async def test_model_info_route_and_its_deprecated_name(target: Target) -> None:
+    """SGLang 0.5.21 deprecates /get_model_info (a warning in its log at every call, and the
+    orchestrator polls it): the client asks /model_info, and both names answer the same."""
+    async with httpx.AsyncClient(base_url=target.url, timeout=30) as http:
+        new, old = (
+            (await http.get("/model_info")).json(),
+            (await http.get("/get_model_info")).json(),
+        )
+    assert new["model_path"] == old["model_path"] and new["weight_version"] == old["weight_version"]
+    seen: list[str] = []
+
+    async def record(request: httpx.Request) -> None:
+        seen.append(request.url.path)
+
+    c = InferenceClient(target.url, timeout_s=30)
+    c._http.event_hooks["request"].append(record)
+    try:
+        await c.get_model_info()
+    finally:
+        await c.aclose()
+    assert seen == ["/model_info"]

@@ -109,3 +109,19 @@ async def test_a_call_never_outlives_its_total_deadline() -> None:
         await c.generate([1], max_new_tokens=1, deadline_s=1.0)
     assert 2 <= len(attempts) <= 5  # not the 51 attempts the retry count alone allows
     await c.aclose()
+
+
+async def test_model_info_falls_back_to_the_old_route() -> None:
+    seen: list[str] = []
+
+    def old_server(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/model_info":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"model_path": "m", "weight_version": "3"})
+
+    c = InferenceClient("http://x", transport=httpx.MockTransport(old_server))
+    assert (await c.get_model_info())["weight_version"] == 3
+    assert (await c.get_model_info())["weight_version"] == 3
+    assert seen == ["/model_info", "/get_model_info", "/get_model_info"]  # asked once
+    await c.aclose()
