@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.config import InferenceConfig
+from searchr1.service import check_exposure
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,9 @@ class Supervisor:
 
 def run_sglang(cfg: InferenceConfig, *, replicas: int = 1, admin_token: str | None = None) -> int:
     """Run SGLang (behind sglang-router when replicas > 1) until SIGTERM; the exit status.
-    Without an admin token SGLang's admin routes (weight updates included) are open."""
+    Without an admin token SGLang's admin routes (weight updates included) are open, so that
+    is refused beyond loopback unless `http.auth: none` (`check_exposure`)."""
+    check_exposure(cfg.http, token_set=admin_token is not None)
     with tempfile.TemporaryDirectory(prefix="searchr1-sglang-") as tmp:
         secrets_file = write_secrets_file(Path(tmp), admin_token) if admin_token else None
         if admin_token is None:

@@ -5,6 +5,8 @@ Service-specific sections live in each service's own `config.py`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,6 +28,13 @@ class HttpConfig(Section):
         default=8 * 1024 * 1024,
         ge=1,
         description="Request bodies above this get 413 (Content-Length or counted while read).",
+    )
+    # Closed by default: without a token the guarded routes (weight updates, cache flush) are
+    # open, which is fine on loopback and nowhere else.
+    auth: Literal["token", "none"] = Field(
+        default="token",
+        description="token: listening beyond loopback needs SEARCHR1_ADMIN_TOKEN (the service "
+        "refuses to start without it); none: serve without one, guarded routes open.",
     )
 
 

@@ -18,7 +18,9 @@ service hands back in-flight work) and return, so the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import os
 import signal
 import threading
 import time
@@ -63,6 +65,8 @@ HTTP_ERRORS = Counter(
 )
 
 READY_CHECK_TIMEOUT_S = 3.0
+# The admin token comes from the environment only (never a config file), for every service.
+ADMIN_TOKEN_ENV = "SEARCHR1_ADMIN_TOKEN"
 DEFAULT_MAX_BODY_BYTES: int = HttpConfig.model_fields["max_body_bytes"].default
 
 
@@ -282,7 +286,42 @@ def require_token(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
     return check
 
 
+class InsecureListener(ValueError):
+    """A service would listen beyond loopback with its guarded routes open."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name (or "") may resolve to anything
+        return False
+
+
+def check_exposure(http: HttpConfig, *, token_set: bool) -> None:
+    """Closed by default: refuse to listen beyond loopback without an admin token, since every
+    guarded route (weight updates, pause, cache flush) would then be open to the network.
+    `http.auth: none` opts out explicitly (said in the log)."""
+    if token_set or is_loopback(http.host):
+        return
+    if http.auth == "none":
+        log.warning(
+            "listening beyond loopback with no admin token (http.auth: none): guarded routes "
+            "are open to anyone who reaches this port",
+            extra={"host": http.host},
+        )
+        return
+    raise InsecureListener(
+        f"http.host is {http.host!r} (not loopback) and no admin token is set: set "
+        f"{ADMIN_TOKEN_ENV}, listen on 127.0.0.1, or set http.auth: none "
+        "(SEARCHR1_<SERVICE>__HTTP__AUTH=none) to serve the guarded routes open"
+    )
+
+
 def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
+    """The service's uvicorn server; raises InsecureListener (see `check_exposure`)."""
+    check_exposure(http, token_set=bool(os.environ.get(ADMIN_TOKEN_ENV, "").strip()))
     app.state.max_body_bytes = http.max_body_bytes  # read per request by BodyLimitMiddleware
     config = uvicorn.Config(
         app,
