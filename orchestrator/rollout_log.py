@@ -1,0 +1,409 @@
+"""The rollout log: a sampled subset of trajectories, as Parquet files in the run directory.
+
+What `searchr1 inspect` reads. Layout under `<run_dir>/rollouts/`:
+
+    train/step-000012.parquet  the logged samples of one step: `groups_per_step` whole groups
+                               plus every failed, truncated or invalid sample (capped). One file
+                               per step, because a Parquet file is readable only once its footer
+                               is written: a reader sees every finished step while the run goes.
+    steps.jsonl                one line per step: the orchestrator's step summary and the rewards
+                               of *every* group (logged or not), for the step view
+    eval/<eval_id>.parquet     every sample of one held-out evaluation
+    evals.jsonl                one line per evaluation: id, label, step, scores
+
+Size: when train/ holds more than `max_bytes`, the oldest step files are deleted (rotation);
+evaluations are kept (one file per evaluation of the fixed validation subset).
+A failed write is logged and never stops the rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import Field
+
+from searchr1.sections import Section
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from orchestrator.sample import Sample
+    from protos.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_DIR = "rollouts"  # under the run directory
+_FAILED = {"error", "aborted"}
+_TRUNCATED = {"truncated", "response_budget", "context_limit", "max_turns"}
+
+
+class RolloutLogConfig(Section):
+    run_dir: str | None = Field(
+        default=None,
+        description="Run directory; the log goes to <run_dir>/rollouts/ (None: no rollout log).",
+    )
+    groups_per_step: int = Field(default=1, ge=0, description="Whole groups logged per step.")
+    log_failures: bool = Field(
+        default=True, description="Also log every failed, truncated or invalid-action sample."
+    )
+    max_failures_per_step: int = Field(
+        default=16, ge=0, description="Cap on those extra samples per step."
+    )
+    max_bytes: int = Field(
+        default=1024**3, ge=1, description="Bound on train/ (oldest step files deleted first)."
+    )
+    evaluations: bool = Field(default=True, description="Log every held-out evaluation sample.")
+
+
+class Decoder(Protocol):
+    """The slice of a Hugging Face tokenizer the log needs."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def batch_decode(self, sequences: Sequence[Sequence[int]], **kw: Any) -> list[str]: ...
+
+
+def _schema() -> pa.Schema:
+    import pyarrow as pa
+
+    span = pa.struct(
+        [("kind", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("text", pa.string())]
+    )
+    turn = pa.struct(
+        [
+            ("index", pa.int32()),
+            ("action", pa.string()),
+            ("query", pa.string()),
+            ("doc_ids", pa.list_(pa.string())),
+            ("observation", pa.string()),  # the text the tool call appended (its passages)
+            ("tool_latency_s", pa.float64()),
+            ("tool_attempts", pa.int32()),
+            ("error", pa.string()),
+            ("generated_tokens", pa.int32()),
+            ("observation_tokens", pa.int32()),
+            ("generate_latency_s", pa.float64()),
+            ("engine_finish_reason", pa.string()),
+            ("weight_version", pa.int64()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("kind", pa.string()),  # train | eval
+            ("step", pa.int64()),
+            ("eval_id", pa.string()),
+            ("logged_reason", pa.string()),  # group | failed | truncated | invalid | eval
+            ("trajectory_id", pa.string()),
+            ("group_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("group_size", pa.int32()),
+            ("prompt_id", pa.string()),
+            ("data_source", pa.string()),
+            ("question", pa.string()),
+            ("prompt_token_ids", pa.list_(pa.int32())),
+            ("prompt_text", pa.string()),
+            ("response_token_ids", pa.list_(pa.int32())),
+            ("token_texts", pa.list_(pa.string())),
+            ("response_text", pa.string()),
+            ("loss_mask", pa.binary()),
+            ("rollout_logprobs", pa.list_(pa.float32())),
+            ("has_rollout_logprobs", pa.bool_()),
+            ("tis_weights", pa.list_(pa.float32())),  # null: not computed by the producer
+            ("spans", pa.list_(span)),
+            ("turns", pa.list_(turn)),
+            ("num_searches", pa.int32()),
+            ("num_invalid", pa.int32()),
+            ("num_tool_errors", pa.int32()),
+            ("response_len", pa.int32()),
+            ("reward", pa.float64()),
+            ("reward_components", pa.map_(pa.string(), pa.float64())),
+            ("extracted_answer", pa.string()),
+            ("gold_answers", pa.list_(pa.string())),
+            ("finish_reason", pa.string()),
+            ("error", pa.string()),
+            ("infrastructure_failure", pa.bool_()),
+            ("weight_version", pa.int64()),
+            ("max_weight_version", pa.int64()),
+            ("temperature", pa.float64()),
+            ("created_at", pa.float64()),
+            ("finished_at", pa.float64()),
+        ]
+    )
+
+
+def mask_runs(mask: bytes) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each run of equal loss-mask bytes."""
+    out, pos = [], 0
+    for value, run in itertools.groupby(mask):
+        n = sum(1 for _ in run)
+        out.append((value, pos, pos + n))
+        pos += n
+    return out
+
+
+def question_of(prompt_text: str) -> str:
+    """The question line of a Search-R1 prompt (`Question: ...`), else the prompt's tail."""
+    _, found, rest = prompt_text.rpartition("Question:")
+    if found:
+        return rest.strip().split("\n", 1)[0].strip()
+    return prompt_text.strip()[-200:]
+
+
+def trajectory_row(
+    traj: Trajectory,
+    tok: Decoder,
+    *,
+    kind: str,
+    reason: str,
+    eval_id: str = "",
+    tis_weights: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """One Parquet row: the trajectory's fields plus the text the inspector shows."""
+    from orchestrator.rewards import extract_answer
+    from protos.trajectory import FinishReason
+
+    ids = list(traj.response_token_ids)
+    token_texts = tok.batch_decode([[i] for i in ids], skip_special_tokens=False) if ids else []
+    response_text = tok.decode(ids, skip_special_tokens=False)
+    prompt_text = tok.decode(list(traj.prompt_token_ids), skip_special_tokens=False)
+    mask = bytes(traj.loss_mask)
+    spans = [
+        {
+            "kind": "model" if value else "observation",
+            "start": a,
+            "end": b,
+            "text": tok.decode(ids[a:b], skip_special_tokens=False),
+        }
+        for value, a, b in mask_runs(mask)
+    ]
+    # The k-th turn that appended tokens owns the k-th observation span.
+    observations = iter([s["text"] for s in spans if s["kind"] == "observation"])
+    turns = [
+        {
+            "index": t.index,
+            "action": t.action,
+            "query": t.query,
+            "doc_ids": list(t.doc_ids),
+            "observation": next(observations, "") if t.observation_tokens else "",
+            "tool_latency_s": t.tool_latency_s,
+            "tool_attempts": t.tool_attempts,
+            "error": t.error,
+            "generated_tokens": t.generated_tokens,
+            "observation_tokens": t.observation_tokens,
+            "generate_latency_s": t.generate_latency_s,
+            "engine_finish_reason": t.engine_finish_reason,
+            "weight_version": t.weight_version,
+        }
+        for t in traj.turns
+    ]
+    finish = FinishReason.Name(traj.finish_reason).removeprefix("FINISH_REASON_").lower()
+    return {
+        "kind": kind,
+        "step": traj.rollout_step,
+        "eval_id": eval_id,
+        "logged_reason": reason,
+        "trajectory_id": traj.trajectory_id,
+        "group_id": traj.group_id,
+        "sample_index": traj.sample_index,
+        "group_size": traj.group_size,
+        "prompt_id": traj.prompt_id,
+        "data_source": traj.data_source,
+        "question": question_of(prompt_text),
+        "prompt_token_ids": list(traj.prompt_token_ids),
+        "prompt_text": prompt_text,
+        "response_token_ids": ids,
+        "token_texts": token_texts,
+        "response_text": response_text,
+        "loss_mask": mask,
+        "rollout_logprobs": list(traj.rollout_logprobs),
+        "has_rollout_logprobs": traj.has_rollout_logprobs,
+        "tis_weights": list(tis_weights) if tis_weights is not None else None,
+        "spans": spans,
+        "turns": turns,
+        "num_searches": sum(t.action == "search" for t in traj.turns),
+        "num_invalid": sum(t.action == "invalid" for t in traj.turns),
+        "num_tool_errors": sum(bool(t.error) for t in traj.turns),
+        "response_len": len(ids),
+        "reward": traj.reward.total,
+        "reward_components": dict(traj.reward.components),
+        "extracted_answer": extract_answer(response_text),
+        "gold_answers": list(traj.gold_answers),
+        "finish_reason": finish,
+        "error": traj.error,
+        "infrastructure_failure": traj.infrastructure_failure,
+        "weight_version": traj.weight_version,
+        "max_weight_version": traj.max_weight_version,
+        "temperature": traj.temperature,
+        "created_at": traj.timings.created_at,
+        "finished_at": traj.timings.finished_at,
+    }
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write atomically (a reader never sees half a file): to a temporary name, then rename."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd")
+    tmp.replace(path)
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _reason(s: Sample) -> str | None:
+    """Why a sample outside the logged groups is still worth logging, if it is."""
+    status = s.status.value if s.status else "error"
+    if status in _FAILED or s.infrastructure_failure:
+        return "failed"
+    if any(t.action == "invalid" for t in s.turns):
+        return "invalid"
+    if status in _TRUNCATED:
+        return "truncated"
+    if any(t.error for t in s.turns):
+        return "failed"
+    return None
+
+
+def select(samples: list[Sample], groups: int, failures: int) -> list[tuple[Sample, str]]:
+    """The first `groups` whole groups (the sampler's order), then up to `failures` others
+    that failed, were truncated or took an invalid action."""
+    chosen: list[tuple[Sample, str]] = []
+    group_ids = list(dict.fromkeys(s.group_id for s in samples))[:groups]
+    keep = set(group_ids)
+    chosen += [(s, "group") for s in samples if s.group_id in keep]
+    extra = [(s, r) for s in samples if s.group_id not in keep and (r := _reason(s))]
+    return chosen + extra[:failures]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "eval"
+
+
+class RolloutLog:
+    """Writes the rollout log of one run; the orchestrator calls `log_step` and `log_eval`."""
+
+    def __init__(self, cfg: RolloutLogConfig, tokenizer: Decoder) -> None:
+        if not cfg.run_dir:
+            raise ValueError("rollout_log.run_dir is not set")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.root = Path(cfg.run_dir) / ROLLOUT_DIR
+
+    # -- the async entry points: never raise, never block the event loop ----------------------
+
+    async def log_step(
+        self, step: int, samples: list[Sample], summary: dict[str, float] | None = None
+    ) -> None:
+        try:
+            await asyncio.to_thread(self.write_step, step, samples, summary or {})
+        except Exception:  # the log is a diagnostic: a full disk must not stop training
+            log.exception("rollout log: writing step failed", extra={"step": step})
+
+    async def log_eval(
+        self, samples: list[Sample], result: dict[str, Any], *, label: str, step: int = -1
+    ) -> str | None:
+        if not self.cfg.evaluations:
+            return None
+        try:
+            return await asyncio.to_thread(self.write_eval, samples, result, label, step)
+        except Exception:
+            log.exception("rollout log: writing evaluation failed", extra={"label": label})
+            return None
+
+    # -- the writers --------------------------------------------------------------------------
+
+    def _rows(self, chosen: list[tuple[Sample, str]], kind: str, eval_id: str = "") -> list[dict]:
+        from orchestrator.trajectory import to_trajectory
+
+        rows = []
+        for s, reason in chosen:
+            try:
+                traj = to_trajectory(s)
+            except ValueError as e:  # a malformed failed sample: say so, keep the others
+                log.warning("rollout log: sample skipped", extra={"error": str(e)})
+                continue
+            rows.append(
+                trajectory_row(traj, self.tokenizer, kind=kind, reason=reason, eval_id=eval_id)
+            )
+        return rows
+
+    def write_step(self, step: int, samples: list[Sample], summary: dict[str, float]) -> Path:
+        failures = self.cfg.max_failures_per_step if self.cfg.log_failures else 0
+        chosen = select(samples, self.cfg.groups_per_step, failures)
+        path = self.root / "train" / f"step-{step:06d}.parquet"
+        write_rows(self._rows(chosen, "train"), path)
+        logged = {s.trajectory_id for s, _ in chosen}
+        groups: dict[str, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group_id, []).append(s)
+        versions = [v for s in samples for v in s.weight_versions]
+        record = {
+            "step": step,
+            "ts": round(time.time(), 3),
+            "file": str(path.relative_to(self.root)),
+            "summary": summary,
+            # Newest minus oldest policy version among this step's turns.
+            "staleness_max": (max(versions) - min(versions)) if versions else 0,
+            "groups": [
+                {
+                    "group_id": gid,
+                    "prompt_id": g[0].prompt.prompt_id,
+                    "data_source": g[0].prompt.data_source,
+                    "rewards": [s.reward for s in g],
+                    "finish": [s.status.value if s.status else "" for s in g],
+                    "searches": [sum(t.action == "search" for t in s.turns) for s in g],
+                    "logged": [s.sample_index for s in g if s.trajectory_id in logged],
+                }
+                for gid, g in groups.items()
+            ],
+        }
+        _append_jsonl(self.root / "steps.jsonl", record)
+        self.rotate()
+        return path
+
+    def write_eval(
+        self, samples: list[Sample], result: dict[str, Any], label: str, step: int = -1
+    ) -> str:
+        eval_dir = self.root / "eval"
+        eval_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
+        for n in itertools.count(2):  # two evaluations within a second keep apart
+            if not (eval_dir / f"{eval_id}.parquet").exists():
+                break
+            eval_id = f"{eval_id.rsplit('~', 1)[0]}~{n}"
+        rows = self._rows([(s, "eval") for s in samples], "eval", eval_id)
+        for row in rows:
+            row["step"] = step
+        write_rows(rows, eval_dir / f"{eval_id}.parquet")
+        versions = [v for s in samples for v in s.weight_versions]
+        record = {
+            "eval_id": eval_id,
+            "label": label,
+            "step": step,
+            "ts": round(time.time(), 3),
+            "weight_version": max(versions) if versions else None,
+            **{k: result.get(k) for k in ("overall", "macro", "per_source", "seconds")},
+        }
+        _append_jsonl(self.root / "evals.jsonl", record)
+        return eval_id
+
+    def rotate(self) -> None:
+        """Delete the oldest step files while train/ is over `max_bytes` (the newest stays)."""
+        files = sorted((self.root / "train").glob("step-*.parquet"))
+        total = sum(f.stat().st_size for f in files)
+        for f in files[:-1]:
+            if total <= self.cfg.max_bytes:
+                break
+            total -= f.stat().st_size
+            f.unlink(missing_ok=True)
