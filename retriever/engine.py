@@ -15,7 +15,7 @@ from prometheus_client import Counter
 from retriever.backends import AsyncBackend, BackendUnavailable, BatchBackend, Hit, load_backend
 from retriever.batcher import MicroBatcher, Overloaded
 from retriever.cache import ResultCache, normalize_query
-from retriever.config import RetrieverConfig
+from retriever.config import LimitsConfig, RetrieverConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,31 @@ def _check_unicode(i: int, q: str) -> None:
         ) from None
 
 
+def check_request(lim: LimitsConfig, queries: Any, topk: int | None) -> int:
+    """Check a request against the limits; the effective topk. Raises BadRequest naming the
+    field. The HTTP request model runs the same check, so both answer alike."""
+    if not isinstance(queries, list) or not queries:
+        raise BadRequest("queries: must be a non-empty list of strings")
+    if len(queries) > lim.max_queries:
+        raise BadRequest(
+            f"queries: {len(queries)} queries in one request, at most {lim.max_queries}"
+        )
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise BadRequest(f"queries.{i}: must be a string, got {type(q).__name__}")
+        if len(q) > lim.max_query_chars:
+            raise BadRequest(f"queries.{i}: {len(q)} characters, at most {lim.max_query_chars}")
+        if not q.isascii():
+            _check_unicode(i, q)
+    if topk is None or topk == 0:
+        return lim.default_topk
+    if topk < 0:
+        raise BadRequest(f"topk: must be >= 0 (0 or null means {lim.default_topk}), got {topk}")
+    if topk > lim.max_topk:
+        raise BadRequest(f"topk: at most {lim.max_topk}, got {topk}")
+    return topk
+
+
 class RetrieverEngine:
     def __init__(self, backend: BatchBackend | AsyncBackend, cfg: RetrieverConfig) -> None:
         self.backend = backend
@@ -68,27 +93,7 @@ class RetrieverEngine:
 
     def validate(self, queries: Any, topk: int | None) -> int:
         """Check limits; return the effective topk. Raises BadRequest naming the field."""
-        lim = self.cfg.limits
-        if not isinstance(queries, list) or not queries:
-            raise BadRequest("queries: must be a non-empty list of strings")
-        if len(queries) > lim.max_queries:
-            raise BadRequest(
-                f"queries: {len(queries)} queries in one request, at most {lim.max_queries}"
-            )
-        for i, q in enumerate(queries):
-            if not isinstance(q, str):
-                raise BadRequest(f"queries.{i}: must be a string, got {type(q).__name__}")
-            if len(q) > lim.max_query_chars:
-                raise BadRequest(f"queries.{i}: {len(q)} characters, at most {lim.max_query_chars}")
-            if not q.isascii():
-                _check_unicode(i, q)
-        if topk is None or topk == 0:
-            return lim.default_topk
-        if topk < 0:
-            raise BadRequest(f"topk: must be >= 0 (0 or null means {lim.default_topk}), got {topk}")
-        if topk > lim.max_topk:
-            raise BadRequest(f"topk: at most {lim.max_topk}, got {topk}")
-        return topk
+        return check_request(self.cfg.limits, queries, topk)
 
     async def search(
         self, queries: list[str], topk: int | None = None, *, protocol: str = "python"

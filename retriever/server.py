@@ -18,15 +18,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr, create_model, model_validator
 
 from retriever.backends import BackendUnavailable, Hit
-from retriever.config import RetrieverConfig
-from retriever.engine import BadRequest, Overloaded, RetrieverEngine
+from retriever.config import LimitsConfig, RetrieverConfig
+from retriever.engine import BadRequest, Overloaded, RetrieverEngine, check_request
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,42 @@ class RetrieveRequest(BaseModel):
     queries: list[str]
     topk: int | None = None
     return_scores: bool = False
+
+
+def retrieve_request_model(limits: LimitsConfig) -> type[RetrieveRequest]:
+    """RetrieveRequest with the configured limits in its schema (published in /openapi.json,
+    where a fuzzer aims at them) and enforced with the engine's own messages (`check_request`,
+    which gRPC requests go through), as a 422 before any work."""
+
+    def within_limits(data: Any) -> Any:
+        # Only well-typed input: a mistyped field gets pydantic's message naming it.
+        if isinstance(data, dict):
+            queries, topk = data.get("queries"), data.get("topk")
+            typed_topk = topk is None or (isinstance(topk, int) and not isinstance(topk, bool))
+            if (
+                isinstance(queries, list)
+                and all(isinstance(q, str) for q in queries)
+                and typed_topk
+            ):
+                check_request(limits, queries, topk)
+        return data
+
+    query = Annotated[str, Field(max_length=limits.max_query_chars)]
+    return create_model(
+        "RetrieveRequest",
+        __base__=RetrieveRequest,
+        __validators__={"within_limits": model_validator(mode="before")(within_limits)},
+        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+        topk=(
+            int | None,
+            Field(
+                default=None,
+                ge=0,
+                le=limits.max_topk,
+                description=f"0 or null: {limits.default_topk}",
+            ),
+        ),
+    )
 
 
 def format_results(results: list[list[Hit]], return_scores: bool) -> list[list[dict[str, Any]]]:
@@ -102,7 +138,6 @@ def create_app(
     app = create_service_app("retriever", ready_checks={"index": index_loaded}, lifespan=lifespan)
     app.state.retriever = state
 
-    @app.post("/retrieve")
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
         eng: RetrieverEngine | None = state["engine"]
         if eng is None:
@@ -117,6 +152,11 @@ def create_app(
             return _error(503, str(e))
         # JSONResponse directly: the same bytes FastAPI would produce, without jsonable_encoder.
         return JSONResponse({"result": format_results(results, req.return_scores)})
+
+    # The model carries this config's limits; annotations are strings here (future import),
+    # so the class itself is put in for FastAPI to read.
+    retrieve.__annotations__["req"] = retrieve_request_model(cfg.limits)
+    app.post("/retrieve")(retrieve)
 
     @app.post("/flush_cache", dependencies=[Depends(require_token(admin_token))])
     async def flush_cache() -> dict[str, Any]:
