@@ -13,15 +13,23 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, WithJsonSchema, field_validator
 
 from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
-from inference.sampling import SamplingParams, check_text
+from inference.sampling import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SEED_MAX,
+    SEED_MIN,
+    SamplingParams,
+    check_text,
+)
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
@@ -37,10 +45,47 @@ class _Req(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class SamplingParamsDoc(BaseModel):
+    """The schema published for `sampling_params` (SGLang's names). Documentation only: the
+    route checks the dict with `SamplingParams.from_dict`, which answers 400 naming the field as
+    SGLang does (a model here would make those 422s); a property test keeps the two in step."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(default=128, ge=0)
+    temperature: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(default=-1, ge=-1, description="-1 (off) or >= 1")
+    stop: (
+        Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+        | Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+            Field(max_length=MAX_STOP_STRINGS),
+        ]
+        | None
+    ) = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=MAX_STOP_TOKEN_IDS
+    )
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    ignore_eos: bool = False
+    sampling_seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    # Accepted and ignored (SGLang clients send them).
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int | None = None
+    n: int | None = None
+    spaces_between_special_tokens: bool | None = None
+
+
 class GenerateReq(_Req):
     text: str | None = None
     input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    sampling_params: Annotated[
+        dict[str, Any], WithJsonSchema(SamplingParamsDoc.model_json_schema())
+    ] = Field(default_factory=dict)
     return_logprob: bool = False
     rid: str | None = None
     stream: bool = False
@@ -55,7 +100,7 @@ class GenerateReq(_Req):
 
 
 class PauseReq(_Req):
-    mode: str = "abort"
+    mode: Literal["abort", "in_place", "retract"] = "abort"
 
 
 class DiskUpdateReq(_Req):
@@ -69,8 +114,8 @@ class InitGroupReq(_Req):
     master_port: int = Field(ge=1, le=65535)
     rank_offset: int
     world_size: int = Field(ge=2)
-    group_name: str = "weight_update_group"
-    backend: str = "nccl"
+    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
+    backend: Literal["nccl", "gloo"] = "nccl"
 
 
 class DistUpdateReq(_Req):
@@ -175,10 +220,13 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
     async def get_model_info() -> dict[str, Any]:
         return engine.model_info()
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"], dependencies=admin)
     async def flush_cache() -> PlainTextResponse:
         await engine.flush_cache()
         return PlainTextResponse("Cache flushed.\n")  # SGLang answers text here
+
+    # Two routes, not one api_route: the OpenAPI document needs one operation id per method.
+    app.get("/flush_cache", dependencies=admin, operation_id="flush_cache_get")(flush_cache)
+    app.post("/flush_cache", dependencies=admin, operation_id="flush_cache")(flush_cache)
 
     @app.post("/pause_generation", dependencies=admin)
     async def pause_generation(req: PauseReq | None = None) -> JSONResponse:
