@@ -228,9 +228,9 @@ def build_run(
             }
             log.write_step(step, samples, summary)
         record = trainer_record(step, rng)
-        metrics.write(
-            {"step": step, **record, "trajectory_ids": [f"demo/{step}/x/{k}" for k in range(8)]}
-        )
+        # The trainer counts from 1: training step k trains on rollout step k - 1 (sync).
+        ids = [f"demo/{step}/x/{k}" for k in range(8)]
+        metrics.write({"step": step + 1, **record, "trajectory_ids": ids})
     if evaluations:
         for label, p_right in (("model-warm v0", 0.2), ("model-trained v0", 0.7)):
             samples = []
@@ -264,8 +264,9 @@ def long_trajectory_run(run_dir: Path, tokens: int = 8000, searches: int = 4) ->
     [s] = new_group(
         p, tok.encode(p.messages[0]["content"]), group_size=1, rollout_step=0, run_id="bench"
     )
-    # Each search round has two filler blocks (thought, passages x3) of 2 tokens per word.
-    filler = math.ceil(tokens / (searches * 2 * 4))
+    # Per search round: a thought and 3 passages each carry the filler (2 tokens per word),
+    # plus about 130 tokens of tags, titles and sentences.
+    filler = max(math.ceil((tokens / searches - 130) / 8), 0)
     fill_sample(s, tok, rng, searches=searches, answer=p.golds[0], filler_words=filler)
     log.write_step(0, [s], {})
     return s.trajectory_id
@@ -277,4 +278,36 @@ def synthetic_metrics(run_dir: Path, steps: int) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / "train_metrics.jsonl").open("w") as f:
         for step in range(steps):
-            f.write(json.dumps({"step": step, **trainer_record(step, rng)}) + "\n")
+            f.write(json.dumps({"step": step + 1, **trainer_record(step, rng)}) + "\n")
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on a free loopback port, in a thread (for the browser)."""
+
+    def __init__(self, app: Any) -> None:
+        import threading
+
+        import uvicorn
+
+        from searchr1.redis_server import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the inspector did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

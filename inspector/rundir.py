@@ -1,0 +1,232 @@
+"""Reading a run directory: what the trainer, the orchestrator's rollout log and the demo wrote.
+
+    <run>/train_metrics.jsonl            trainer: one line per training step (from step 1)
+    <run>/rollouts/steps.jsonl           orchestrator: one line per rollout step (from step 0)
+    <run>/rollouts/train/step-*.parquet  orchestrator: the logged samples of each step
+    <run>/rollouts/evals.jsonl           held-out evaluations (scores)
+    <run>/rollouts/eval/<id>.parquet     their samples
+    <run>/*.yaml, eval_*.json            the stack config; the demo's evaluation summaries
+
+Everything is read lazily and cached by file size and mtime, so a page of a live run costs
+only what changed since the last one: JSON lines are read from where the last read stopped,
+and a step's Parquet file is summarized once (a finished file is never rewritten).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+ROLLOUTS = "rollouts"
+# Columns of the trajectory list (small; the token arrays are read for one trajectory only).
+SUMMARY_COLUMNS = [
+    "kind",
+    "step",
+    "eval_id",
+    "logged_reason",
+    "trajectory_id",
+    "group_id",
+    "sample_index",
+    "prompt_id",
+    "data_source",
+    "question",
+    "reward",
+    "finish_reason",
+    "num_searches",
+    "num_invalid",
+    "num_tool_errors",
+    "response_len",
+    "error",
+    "infrastructure_failure",
+    "extracted_answer",
+    "gold_answers",
+    "reward_components",
+    "weight_version",
+]
+
+
+class JsonlTail:
+    """The records of a JSON-lines file another process appends to; re-reads only new lines."""
+
+    def __init__(self, path: Path, drop: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.drop = drop
+        self.records: list[dict[str, Any]] = []
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def read(self) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                self.records, self._offset = [], 0
+                return self.records
+            if size < self._offset:  # truncated or replaced: start over
+                self.records, self._offset = [], 0
+            if size > self._offset:
+                with self.path.open("rb") as f:
+                    f.seek(self._offset)
+                    chunk = f.read(size - self._offset)
+                end = chunk.rfind(b"\n") + 1  # a half-written last line waits for next time
+                for line in chunk[:end].splitlines():
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue  # a corrupt line must not hide the rest of the run
+                    if isinstance(record, dict):
+                        for key in self.drop:
+                            record.pop(key, None)
+                        self.records.append(record)
+                self._offset += end
+            return self.records
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a logged trajectory lives: `<kind>/<file stem>/<trajectory_id>` in URLs.
+
+    Trajectory ids alone are not unique in the log: every evaluation of the fixed validation
+    subset produces the same ids."""
+
+    kind: str  # train | eval
+    stem: str
+    trajectory_id: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.stem}/{self.trajectory_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Ref | None:
+        kind, _, rest = text.partition("/")
+        stem, _, tid = rest.partition("/")
+        if kind not in ("train", "eval") or not stem or not tid or "." in stem:
+            return None
+        return cls(kind, stem, tid)
+
+
+class RunDir:
+    """The run directory's contents as plain Python data (no HTTP here)."""
+
+    def __init__(self, path: Path, metrics_file: str = "train_metrics.jsonl") -> None:
+        self.path = Path(path)
+        self.rollouts = self.path / ROLLOUTS
+        # Each line lists every trajectory id it trained on: kept out of memory.
+        self._metrics = JsonlTail(self.path / metrics_file, drop=("trajectory_ids",))
+        self._steps = JsonlTail(self.rollouts / "steps.jsonl")
+        self._evals = JsonlTail(self.rollouts / "evals.jsonl")
+        self._summaries: dict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+
+    # -- JSON lines -----------------------------------------------------------------------------
+
+    def train_metrics(self) -> list[dict[str, Any]]:
+        return self._metrics.read()
+
+    def rollout_steps(self) -> list[dict[str, Any]]:
+        return self._steps.read()
+
+    def evaluations(self) -> list[dict[str, Any]]:
+        """Logged evaluations, else the demo's `eval_*.json` summaries (no samples)."""
+        logged = self._evals.read()
+        if logged:
+            return logged
+        out = []
+        for f in sorted(self.path.glob("eval_*.json"), key=lambda p: p.stat().st_mtime):
+            try:
+                data = json.loads(f.read_text())
+            except ValueError:
+                continue
+            out.append({"eval_id": "", "label": f.stem, "step": -1, **data})
+        return out
+
+    def config_text(self) -> str:
+        parts = [f"# {f.name}\n{f.read_text()}" for f in sorted(self.path.glob("*.yaml"))]
+        return "\n".join(parts)
+
+    def step_record(self, step: int) -> dict[str, Any] | None:
+        return next((r for r in self.rollout_steps() if r.get("step") == step), None)
+
+    # -- Parquet --------------------------------------------------------------------------------
+
+    def _file(self, kind: str, stem: str) -> Path:
+        if "/" in stem or stem.startswith("."):
+            raise ValueError(f"not a file of the rollout log: {stem!r}")
+        return self.rollouts / kind / f"{stem}.parquet"
+
+    def _summary(self, path: Path) -> list[dict[str, Any]]:
+        """The list columns of one file, cached by (size, mtime)."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return []
+        key = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._summaries.get(path)
+        if cached and cached[0] == key:
+            return cached[1]
+        rows = pq.read_table(path, columns=SUMMARY_COLUMNS).to_pylist()
+        kind, stem = path.parent.name, path.stem
+        for row in rows:
+            row["ref"] = str(Ref(kind, stem, row["trajectory_id"]))
+            row["reward_components"] = dict(row["reward_components"] or [])
+        with self._lock:
+            self._summaries[path] = (key, rows)
+        return rows
+
+    def files(self, kind: str | None = None) -> list[Path]:
+        kinds = [kind] if kind else ["train", "eval"]
+        return [f for k in kinds for f in sorted((self.rollouts / k).glob("*.parquet"))]
+
+    def trajectories(
+        self,
+        *,
+        kind: str | None = None,
+        step: int | None = None,
+        eval_id: str | None = None,
+        text: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Summary rows of logged trajectories; `text` searches the question and the response
+        (case-insensitive), reading only the files that still match."""
+        if eval_id:
+            files = [self._file("eval", eval_id)]
+        elif step is not None and kind != "eval":
+            files = [self._file("train", f"step-{step:06d}")]
+        else:
+            files = self.files(kind)
+        out = []
+        for f in files:
+            rows = self._summary(f)
+            if step is not None:
+                rows = [r for r in rows if r["step"] == step]
+            if text:
+                table = pq.read_table(f, columns=["trajectory_id", "question", "response_text"])
+                hit = pc.or_(
+                    pc.match_substring(table["question"], text, ignore_case=True),
+                    pc.match_substring(table["response_text"], text, ignore_case=True),
+                )
+                ids = set(table.filter(hit)["trajectory_id"].to_pylist())
+                rows = [r for r in rows if r["trajectory_id"] in ids]
+            out += rows
+        return out
+
+    def trajectory(self, ref: Ref) -> dict[str, Any] | None:
+        path = self._file(ref.kind, ref.stem)
+        if not path.exists():
+            return None
+        table = pq.read_table(path, filters=[("trajectory_id", "=", ref.trajectory_id)])
+        if not table.num_rows:
+            return None
+        row = table.slice(0, 1).to_pylist()[0]
+        row["ref"] = str(ref)
+        row["reward_components"] = dict(row["reward_components"] or [])
+        return row
+
+    def eval_rows(self, eval_id: str) -> list[dict[str, Any]]:
+        return self._summary(self._file("eval", eval_id))
