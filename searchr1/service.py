@@ -21,6 +21,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -30,7 +31,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -67,6 +68,7 @@ HTTP_ERRORS = Counter(
 READY_CHECK_TIMEOUT_S = 3.0
 # The admin token comes from the environment only (never a config file), for every service.
 ADMIN_TOKEN_ENV = "SEARCHR1_ADMIN_TOKEN"
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 DEFAULT_MAX_BODY_BYTES: int = HttpConfig.model_fields["max_body_bytes"].default
 
 
@@ -154,7 +156,9 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex[:16]
+        given = Headers(scope=scope).get("x-request-id", "")
+        # A client's id is echoed in the answer and on every log line: only a short, plain one.
+        rid = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         token = request_id_var.set(rid)
         start = time.perf_counter()
         status, started = 500, False
@@ -187,6 +191,16 @@ class RequestContextMiddleware:
             request_id_var.reset(token)
 
 
+async def _request_id_header(
+    x_request_id: str | None = Header(
+        default=None,
+        description="Ties the log lines of one request together across services; echoed. "
+        "Up to 128 of A-Z a-z 0-9 . _ : - (anything else is replaced by a fresh id).",
+    ),
+) -> None:
+    """Documentation only: RequestContextMiddleware reads the header."""
+
+
 def create_service_app(
     service: str,
     *,
@@ -198,7 +212,10 @@ def create_service_app(
 
     `max_body_bytes` is the body limit until `uvicorn_server` sets the service's
     `http.max_body_bytes`."""
-    app = FastAPI(title=f"searchr1 {service}", lifespan=lifespan)
+    # Every route documents X-Request-ID, so a schema-driven fuzzer sends hostile ones too.
+    app = FastAPI(
+        title=f"searchr1 {service}", lifespan=lifespan, dependencies=[Depends(_request_id_header)]
+    )
     app.state.service = service
     app.state.ready_checks = dict(ready_checks or {})
     app.state.max_body_bytes = max_body_bytes
