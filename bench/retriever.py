@@ -219,7 +219,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "searchr1.cli",
+            "searchr1.stack.cli",
             "retriever",
             "serve",
             "--index",

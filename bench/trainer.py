@@ -116,18 +116,10 @@ def train_rate(args: argparse.Namespace, **batch_kw: object) -> tuple[float, flo
         best = min(best, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.process_time() - c0)
         tokens = int(m["train_tokens"])
-    from trainer.batching import build_microbatch, plan_microbatches
-    from trainer.step import build_samples
+    from trainer.step import build_sequences, rank_microbatches
 
-    samples, _ = build_samples(trajs, cfg)
-    b = cfg.batch
-    plan = plan_microbatches(
-        [s.length for s in samples],
-        b.max_tokens_per_microbatch,
-        packed=b.packing,
-        max_samples=b.max_samples_per_microbatch,
-    )
-    padded = sum(build_microbatch(samples, i, packed=b.packing).padded_tokens for i in plan)
+    samples, _, _ = build_sequences(trajs, cfg)
+    padded = sum(mb.padded_tokens for mb in rank_microbatches(samples, backend, cfg))
     return tokens / best, best, padded, tokens / best_cpu
 
 

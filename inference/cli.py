@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from inference.config import InferenceSettings
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 app = typer.Typer(
@@ -19,7 +20,7 @@ app = typer.Typer(
 @app.command("show-config")
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective inference section (file + environment + defaults)."""
-    print_section(load_or_exit(config).inference)
+    print_section(load_or_exit(InferenceSettings, config).inference)
 
 
 @app.command("make-tiny-model")
@@ -57,7 +58,7 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve SGLang's native HTTP API: the reference engine, or a supervised SGLang."""
-    cfg = start_service("inference", config)
+    cfg = start_service("inference", InferenceSettings, config)
     section = cfg.inference
     if engine is not None:
         section.engine = engine.value

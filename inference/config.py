@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from searchr1.sections import HttpConfig, Section
+from searchr1.settings import ServiceSettings
 
 
 class TorchEngineConfig(Section):
@@ -73,3 +74,9 @@ class InferenceConfig(Section):
     model_path: str | None = Field(default=None, description="Local Hugging Face model directory.")
     torch_engine: TorchEngineConfig = Field(default_factory=TorchEngineConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+
+
+class InferenceSettings(ServiceSettings):
+    """What `searchr1 inference ...` loads: the shared sections plus `inference`."""
+
+    inference: InferenceConfig = InferenceConfig()

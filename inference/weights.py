@@ -107,11 +107,11 @@ class WeightLoader:
             raise ValueError(f"backend must be gloo or nccl (got {backend!r})")
         if not 1 <= rank_offset < world_size:
             raise ValueError(f"rank_offset {rank_offset} outside [1, world_size={world_size})")
-        # A trainer that restarts (or reconnects) re-creates its group under the same name.
+        # A name is reused by a trainer that re-creates its group: free it before joining anew.
         old = self.groups.pop(group_name, None)
         if old is not None:
             destroy_weight_group(old)
-        self.groups[group_name] = new_weight_group(
+        group = new_weight_group(
             backend=backend,
             master_address=master_address,
             master_port=master_port,
@@ -120,6 +120,12 @@ class WeightLoader:
             group_name=group_name,
             timeout_s=self.timeout_s,
         )
+        # One trainer pushes at a time and names each connection's group afresh: the groups
+        # of earlier connections are dead, and kept they would pile up (sockets, communicators).
+        # Freed only once the new one is joined, so a failed join keeps a working group.
+        for stale in self.groups.values():
+            destroy_weight_group(stale)
+        self.groups = {group_name: group}
         log.info("joined weight update group", extra={"group": group_name, "rank": rank_offset})
 
     def begin_session(self) -> None:

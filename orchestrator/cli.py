@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.config import OrchestratorSettings
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 if TYPE_CHECKING:
+    from orchestrator.config import OrchestratorSettings
     from orchestrator.sample import Prompt
-    from searchr1.config import StackConfig
 
 app = typer.Typer(
     help="Multi-turn search rollouts, rewards, and the trajectory stream into Redis.",
@@ -30,38 +31,30 @@ def _fail(msg: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def check_enough_data(cfg: StackConfig, prompts: list[Prompt]) -> None:
+def check_enough_data(cfg: OrchestratorSettings, prompts: list[Prompt]) -> None:
     """DataError unless the rollouts feed every step the trainer is configured to take.
 
     Otherwise the orchestrator finishes its data and the trainer waits for groups forever.
     """
     from orchestrator.data import DataError, PromptSampler
 
-    orch, trainer = cfg.orchestrator, cfg.trainer
-    if trainer.max_steps is None:
+    orch, run = cfg.orchestrator, cfg.run
+    if run.max_steps is None:
         return
-    n_prompts = len(prompts)
     # The service's own sampler decides how many steps the data gives.
-    steps = PromptSampler(prompts, orch.rollout.prompts_per_step, epochs=orch.epochs).num_steps
-    if orch.max_steps is not None:
-        steps = min(steps, orch.max_steps)
-    groups = steps * orch.rollout.prompts_per_step
-    needed = trainer.max_steps * trainer.batch.groups_per_step
-    if groups < needed:
+    steps = PromptSampler(prompts, run.groups_per_step, epochs=orch.epochs).num_steps
+    if steps < run.max_steps:
         raise DataError(
-            f"the rollouts publish {groups} groups ({n_prompts} prompts x orchestrator.epochs "
-            f"{orch.epochs} // rollout.prompts_per_step {orch.rollout.prompts_per_step}"
-            + (f", capped by orchestrator.max_steps {orch.max_steps}" if orch.max_steps else "")
-            + f") but trainer.max_steps {trainer.max_steps} x batch.groups_per_step "
-            f"{trainer.batch.groups_per_step} needs {needed}: raise orchestrator.epochs or "
-            "lower trainer.max_steps"
+            f"the data gives {steps} steps ({len(prompts)} prompts x orchestrator.epochs "
+            f"{orch.epochs} // run.groups_per_step {run.groups_per_step}) but run.max_steps is "
+            f"{run.max_steps}: raise orchestrator.epochs or lower run.max_steps"
         )
 
 
 @app.command("show-config")
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective orchestrator section (file + environment + defaults)."""
-    print_section(load_or_exit(config).orchestrator)
+    print_section(load_or_exit(OrchestratorSettings, config).orchestrator)
 
 
 @app.command("run")
@@ -78,7 +71,7 @@ def run(
     from orchestrator.scoring import Scorer
     from orchestrator.server import serve
 
-    cfg = start_service("orchestrator", config)
+    cfg = start_service("orchestrator", OrchestratorSettings, config)
     orch = cfg.orchestrator
     if port is not None:
         orch.http.port = port
@@ -105,7 +98,7 @@ def run(
             )
     except (HookError, DataError) as e:
         raise _fail(str(e)) from None
-    raise typer.Exit(asyncio.run(serve(orch, cfg.redis.url, cfg.bus)))
+    raise typer.Exit(asyncio.run(serve(orch, cfg.run, cfg.redis.url, cfg.bus)))
 
 
 @data_app.command("prepare")
@@ -155,7 +148,7 @@ def eval_command(
     from orchestrator.hooks import HookError
     from orchestrator.wiring import evaluate_served
 
-    cfg = start_service("orchestrator", config)
+    cfg = start_service("orchestrator", OrchestratorSettings, config)
     orch = cfg.orchestrator
     try:
         prompts = load_prompts(data, limit)
@@ -166,7 +159,12 @@ def eval_command(
 
     try:
         run = evaluate_served(
-            orch, cfg.bus, prompts, redis_url=cfg.redis.url, concurrency=concurrency
+            orch,
+            cfg.bus,
+            prompts,
+            run_id=cfg.run.id,
+            redis_url=cfg.redis.url,
+            concurrency=concurrency,
         )
         result = asyncio.run(run)
     except HookError as e:

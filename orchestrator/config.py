@@ -10,7 +10,9 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
+from orchestrator.rewards import ShapedScores
 from searchr1.sections import HttpConfig, Section
+from searchr1.settings import ServiceSettings
 
 INVALID_ACTION_MESSAGE = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
@@ -65,8 +67,6 @@ class SearchConfig(Section):
 
 
 class RolloutConfig(Section):
-    group_size: int = Field(default=8, ge=1, description="Samples per prompt (GRPO group).")
-    prompts_per_step: int = Field(default=32, ge=1)
     turn_semantics: TurnSemantics = TurnSemantics.SLIME
     max_turns: int = Field(default=2, ge=1)
     max_tokens_per_turn: int = Field(default=512, ge=1)
@@ -92,18 +92,12 @@ class RolloutConfig(Section):
     )
 
 
-class RewardConfig(Section):
+class RewardConfig(ShapedScores):
     function: str = Field(
         default="em",
         description="Built-in (em, sub_em, f1, shaped, weighted) or dotted path `pkg.mod:fn`.",
     )
     group: bool = Field(default=False, description="The function scores a whole group at once.")
-    correct_valid: float = 1.0
-    correct_invalid: float = 0.8
-    valid_wrong: float = 0.2
-    invalid_wrong: float = 0.1
-    invalid_no_answer: float = 0.0
-    retrieval_bonus: float = 0.0
     weights: dict[str, float] = Field(
         default_factory=lambda: {"em": 1.0},
         description="For `weighted`: coefficient per component (em, sub_em, f1, format, ...).",
@@ -132,11 +126,9 @@ class OrchestratorConfig(Section):
     tokenizer_path: str | None = Field(
         default=None, description="Default: the engine's model_path (from /get_model_info)."
     )
-    run_id: str = Field(default="run", min_length=1, description="Names restart markers.")
     mode: Mode = Mode.SYNC
     max_staleness: int = Field(default=1, ge=0)
     stale_policy: StalePolicy = StalePolicy.DROP
-    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
     eval_every_steps: int | None = Field(
         default=None,
         ge=1,
@@ -159,3 +151,10 @@ class OrchestratorConfig(Section):
         if self.eval_every_steps is not None and not self.data.val_path:
             raise ValueError("eval_every_steps needs data.val_path (the validation rows)")
         return self
+
+
+class OrchestratorSettings(ServiceSettings):
+    """What `searchr1 orchestrator ...` and `searchr1 eval` load: the shared sections plus
+    `orchestrator` (group size, groups per step, run id and step count come from `run`)."""
+
+    orchestrator: OrchestratorConfig = OrchestratorConfig()

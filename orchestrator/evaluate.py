@@ -17,7 +17,12 @@ METRICS = ("em", "sub_em", "f1")
 
 
 async def evaluate(
-    cfg: OrchestratorConfig, rollout: Rollout, prompts: list[Prompt], *, concurrency: int = 64
+    cfg: OrchestratorConfig,
+    rollout: Rollout,
+    prompts: list[Prompt],
+    *,
+    run_id: str,
+    concurrency: int = 64,
 ) -> dict[str, Any]:
     """One greedy sample per prompt; scores are means per data source plus the overall mean."""
     scorer = Scorer(cfg.reward)
@@ -31,7 +36,7 @@ async def evaluate(
                 prompt_token_ids(rollout.tokenizer, p.messages),
                 group_size=1,
                 rollout_step=-1,
-                run_id=f"{cfg.run_id}-eval",
+                run_id=f"{run_id}-eval",
             )
             await rollout.run_sample(s)
             await scorer.score_group([s])

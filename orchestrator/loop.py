@@ -2,7 +2,7 @@
 
 Modes (by the engine's weight version, which starts at `base` and is bumped by every update):
 - sync: a step starts once the engine serves version `base + published // G` (G =
-  `prompts_per_step` = the trainer's groups per step): the trainer has consumed every full
+  `run.groups_per_step`, shared with the trainer): the trainer has consumed every full
   batch published so far and pushed new weights, so samples are on-policy;
 - async: the same bound minus `max_staleness`; at publish time a group whose oldest turn is
   more than `max_staleness` versions behind the engine is dropped or regenerated (by config).
@@ -34,7 +34,7 @@ from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
 from orchestrator.trajectory import to_trajectory
 from searchr1.redis_retry import RedisRetry
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Orchestrator:
         self,
         cfg: OrchestratorConfig,
         *,
+        run: RunConfig,
         rollout: Rollout,
         scorer: Scorer,
         engine: Engine,
@@ -63,6 +64,7 @@ class Orchestrator:
         validation: tuple[Rollout, list[Prompt]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.run_cfg = run
         self.rollout = rollout
         self.scorer = scorer
         self.engine = engine
@@ -70,7 +72,7 @@ class Orchestrator:
         self.sampler = sampler
         self.validation = validation  # (greedy rollout, the fixed validation subset)
         self.last_eval: dict[str, Any] = {}
-        self.prefix = f"searchr1:orchestrator:{cfg.run_id}"
+        self.prefix = f"searchr1:orchestrator:{run.id}"
         # The bus's deadline: one knob for how long any Redis call waits out an outage.
         self.redis_retry = RedisRetry("orchestrator", bus.config.reconnect_timeout_s)
         self.base_version: int | None = None
@@ -79,8 +81,7 @@ class Orchestrator:
         self.running = False
         self.last_summary: dict[str, float] = {}
         # Whole groups are admitted, so the in-flight cap is counted in groups.
-        r = cfg.rollout
-        self._gate = asyncio.Semaphore(max(1, r.max_concurrent_samples // r.group_size))
+        self._gate = asyncio.Semaphore(max(1, cfg.rollout.max_concurrent_samples // run.group_size))
 
     # -- state in Redis ---------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class Orchestrator:
         """The version the engine must serve before more groups are generated."""
         assert self.base_version is not None
         lag = self.cfg.max_staleness if self.cfg.mode == Mode.ASYNC else 0
-        return self.base_version + published // self.cfg.rollout.prompts_per_step - lag
+        return self.base_version + published // self.run_cfg.groups_per_step - lag
 
     async def wait_for_weights(self, step: int) -> None:
         need = self.required_version(await self.published_count())
@@ -155,12 +156,12 @@ class Orchestrator:
     # -- running ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run steps until the data (or `max_steps`) is used up."""
+        """Run steps until the data (or `run.max_steps`) is used up."""
         self.running = True
         await self.restore()
         last = self.sampler.num_steps
-        if self.cfg.max_steps is not None:
-            last = min(last, self.cfg.max_steps)
+        if self.run_cfg.max_steps is not None:
+            last = min(last, self.run_cfg.max_steps)
         try:
             while self.step < last:
                 await self.maybe_validate()
@@ -179,7 +180,7 @@ class Orchestrator:
         if self.validation is None or every is None or (self.step % every and not final):
             return
         rollout, prompts = self.validation
-        result = await evaluate(self.cfg, rollout, prompts)
+        result = await evaluate(self.cfg, rollout, prompts, run_id=self.run_cfg.id)
         for source, scores in result["per_source"].items():
             for m in ("em", "sub_em", "f1"):
                 metrics.EVAL_SCORE.labels(source, m).set(scores[m])
@@ -200,7 +201,7 @@ class Orchestrator:
         return summary
 
     async def _run_group(self, step: int, prompt: Prompt) -> list[Sample]:
-        group_id = f"{self.cfg.run_id}/{step}/{prompt.prompt_id}"
+        group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
         if await self._published(group_id):
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
@@ -211,9 +212,9 @@ class Orchestrator:
             group = new_group(
                 prompt,
                 prompt_ids,
-                group_size=self.cfg.rollout.group_size,
+                group_size=self.run_cfg.group_size,
                 rollout_step=step,
-                run_id=self.cfg.run_id,
+                run_id=self.run_cfg.id,
             )
             async with self._gate:
                 await run_group(self.rollout, group)

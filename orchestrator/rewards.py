@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from dataclasses import dataclass
+
+from searchr1.sections import Section
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -115,9 +116,9 @@ def retrieval_hit(response: str, golds: list[str]) -> float:
     return 1.0 if any(g in b for b in blocks for g in norm_golds) else 0.0
 
 
-@dataclass(frozen=True)
-class ShapedScores:
-    """The v0.3 shaped reward table (spec section 4); configurable, defaults are the paper's."""
+class ShapedScores(Section):
+    """The v0.3 shaped reward table (spec section 4); configurable, defaults are the paper's.
+    `RewardConfig` extends it, so the config section carries the table's fields as they are."""
 
     correct_valid: float = 1.0
     correct_invalid: float = 0.8

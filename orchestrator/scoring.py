@@ -25,19 +25,11 @@ GroupRewardFn = Callable[[list[Sample]], list[float]]
 
 
 def _builtins(cfg: RewardConfig) -> dict[str, SampleRewardFn]:
-    shaped = rewards.ShapedScores(
-        correct_valid=cfg.correct_valid,
-        correct_invalid=cfg.correct_invalid,
-        valid_wrong=cfg.valid_wrong,
-        invalid_wrong=cfg.invalid_wrong,
-        invalid_no_answer=cfg.invalid_no_answer,
-        retrieval_bonus=cfg.retrieval_bonus,
-    )
 
     def shaped_fn(s: Sample) -> float:
         c = s.reward_components
         return rewards.shaped_reward(
-            c["em"], c["format"] > 0, c["has_answer"] > 0, c["retrieval"], shaped
+            c["em"], c["format"] > 0, c["has_answer"] > 0, c["retrieval"], cfg
         )
 
     def weighted(s: Sample) -> float:

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from orchestrator.config import OrchestratorConfig
 from orchestrator.loop import Orchestrator
 from orchestrator.wiring import Clients, build_orchestrator, make_clients
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 from searchr1.service import create_service_app, uvicorn_server
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def create_app(clients: Clients, state: dict[str, Any]) -> FastAPI:
     return app
 
 
-async def serve(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> int:
+async def serve(cfg: OrchestratorConfig, run: RunConfig, redis_url: str, bus_cfg: BusConfig) -> int:
     """Run the loop with its HTTP endpoints; exit status 0 when all steps are done."""
     clients = make_clients(cfg, redis_url, bus_cfg)
     state: dict[str, Any] = {}
@@ -71,7 +71,7 @@ async def serve(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> 
 
     async def loop() -> None:
         try:
-            orch = await build_orchestrator(cfg, clients)
+            orch = await build_orchestrator(cfg, run, clients)
             state["orchestrator"] = orch
             await orch.run()
             state["done"] = True

@@ -22,7 +22,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,9 @@ async def connect_rollout(
     return rollout, info
 
 
-async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orchestrator:
+async def build_orchestrator(
+    cfg: OrchestratorConfig, run: RunConfig, clients: Clients
+) -> Orchestrator:
     """Validate everything that can fail at start-up (hooks, data) before any rollout."""
     scorer = Scorer(cfg.reward)
     if not cfg.data.train_path:
@@ -121,7 +123,7 @@ async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orche
     prompts = load_prompts(cfg.data.train_path, cfg.data.max_prompts)
     sampler = PromptSampler(
         prompts,
-        cfg.rollout.prompts_per_step,
+        run.groups_per_step,
         seed=cfg.data.seed,
         shuffle=cfg.data.shuffle,
         epochs=cfg.epochs,
@@ -141,6 +143,7 @@ async def build_orchestrator(cfg: OrchestratorConfig, clients: Clients) -> Orche
         validation = (greedy, val)
     return Orchestrator(
         cfg,
+        run=run,
         validation=validation,
         rollout=rollout,
         scorer=scorer,
@@ -155,6 +158,7 @@ async def evaluate_served(
     bus: BusConfig,
     prompts: list[Prompt],
     *,
+    run_id: str,
     redis_url: str | None = None,
     concurrency: int = 64,
 ) -> dict[str, Any]:
@@ -166,7 +170,7 @@ async def evaluate_served(
     clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
         rollout, info = await connect_rollout(orch, clients, greedy=True)
-        result = await evaluate(orch, rollout, prompts, concurrency=concurrency)
+        result = await evaluate(orch, rollout, prompts, run_id=run_id, concurrency=concurrency)
         result["weight_version"] = info.get("weight_version")
         result["model_path"] = info.get("model_path")
         return result

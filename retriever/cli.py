@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from retriever.config import RetrieverSettings
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
 
 app = typer.Typer(
@@ -21,7 +22,7 @@ app = typer.Typer(
 @app.command("show-config")
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective retriever section (file + environment + defaults)."""
-    print_section(load_or_exit(config).retriever)
+    print_section(load_or_exit(RetrieverSettings, config).retriever)
 
 
 @app.command("build")
@@ -53,8 +54,8 @@ def build(
     from pydantic import ValidationError
 
     from retriever.build import BuildConfig, build_index
-    from searchr1.config import format_validation_error
     from searchr1.logs import setup_logging
+    from searchr1.settings import format_validation_error
 
     setup_logging("retriever", "INFO", json_format=False)
     try:
@@ -101,7 +102,7 @@ def serve(
     import os
     import signal
 
-    cfg = start_service("retriever", config)
+    cfg = start_service("retriever", RetrieverSettings, config)
     rcfg = cfg.retriever
     if index is not None:
         rcfg.index_dir = str(index)

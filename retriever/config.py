@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
+from searchr1.settings import ServiceSettings
 
 
 class LimitsConfig(Section):
@@ -134,3 +135,9 @@ class RetrieverConfig(Section):
         if self.limits.default_topk > self.limits.max_topk:
             raise ValueError("limits.default_topk must be <= limits.max_topk")
         return self
+
+
+class RetrieverSettings(ServiceSettings):
+    """What `searchr1 retriever ...` loads: the shared sections plus `retriever`."""
+
+    retriever: RetrieverConfig = RetrieverConfig()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
-from searchr1.config import ConfigError, StackConfig, load_config
 from searchr1.logs import setup_logging
+from searchr1.settings import ConfigError, ServiceSettings, load_settings
+
+S = TypeVar("S", bound=ServiceSettings)
 
 ConfigOption = Annotated[
     Path | None,
@@ -22,18 +24,18 @@ ConfigOption = Annotated[
 ]
 
 
-def load_or_exit(path: Path | None) -> StackConfig:
-    """Load the config, or print the offending fields and exit with status 2."""
+def load_or_exit(cls: type[S], path: Path | None) -> S:
+    """Load the settings, or print the offending fields and exit with status 2."""
     try:
-        return load_config(path)
+        return load_settings(cls, path)
     except ConfigError as e:
         typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
 
 
-def start_service(service: str, path: Path | None) -> StackConfig:
-    """Load the config and set up logging for a long-running service process."""
-    cfg = load_or_exit(path)
+def start_service(service: str, cls: type[S], path: Path | None) -> S:
+    """Load the settings and set up logging for a long-running service process."""
+    cfg = load_or_exit(cls, path)
     setup_logging(service, cfg.logging.level, cfg.logging.json_format)
     return cfg
 

@@ -1,4 +1,5 @@
-"""Config sections shared by several services (HTTP listener, logging, Redis, the bus).
+"""Config sections shared by several services (the run's shared numbers, HTTP listener, logging,
+Redis, the bus).
 
 Service-specific sections live in each service's own `config.py`.
 """
@@ -14,6 +15,24 @@ class Section(BaseModel):
     """Base for config sections: unknown keys are errors (a typo must not be ignored)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    """The numbers the orchestrator and the trainer must agree on, in one place."""
+
+    id: str = Field(default="run", min_length=1, description="Names restart markers and group ids.")
+    groups_per_step: int = Field(
+        default=32,
+        ge=1,
+        description="Prompt groups per training step: the orchestrator rolls out this many per "
+        "step, the trainer trains on this many.",
+    )
+    group_size: int = Field(default=8, ge=1, description="Samples per prompt (GRPO group).")
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Training steps: the orchestrator rolls out no more, the trainer stops after.",
+    )
 
 
 class HttpConfig(Section):

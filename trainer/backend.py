@@ -1,33 +1,51 @@
-"""The boundary between the training loop and a model-parallel backend.
+"""The boundary between the GRPO core and a model-parallel backend: model mechanics only.
 
-The loop (`trainer.loop`) only sees this interface: it prepares `Sample`s (advantages, old and
-reference logprobs, TIS weights) and asks the backend to compute logprobs, take optimizer
-steps, give its full state for checkpoints and its named tensors for weight pushes. The Hugging
-Face / PyTorch (FSDP2) backend is `trainer.hf_backend.HFBackend`; a Megatron backend can be
-added behind the same interface.
+The core (`trainer.step`) owns every decision of the algorithm: advantages, which logprobs
+are needed, TIS weights, loss weights, mini- and micro-batch plans, the loss itself. A backend
+runs forwards and backwards over the core's packed micro-batches (`trainer.batching`), steps
+its optimizer and holds the weights. The Hugging Face / PyTorch (FSDP2) backend is
+`trainer.hf_backend.HFBackend`; a Megatron-Core backend implements the same interface.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from trainer.batching import Sample
+from trainer.batching import MicroBatch
+from trainer.losses import LossTerms
+
+T = TypeVar("T")
 
 
-class LogprobKind(StrEnum):
-    OLD = "old"  # the current policy before the update -> Sample.old_logprobs
-    REF = "ref"  # the frozen reference policy -> Sample.ref_logprobs
+class Policy(StrEnum):
+    CURRENT = "current"  # the weights being trained
+    REFERENCE = "reference"  # the frozen initial weights (the KL anchor)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    grad_norm: float  # global, before clipping
+    lr: float  # the LR this update used
+
+
+# (micro-batch, logprobs [T] fp32 with grad, entropy [T] or None) -> the micro-batch's loss.
+LossFn = Callable[[MicroBatch, torch.Tensor, torch.Tensor | None], LossTerms]
 
 
 class TrainerBackend(ABC):
-    rank: int = 0
+    rank: int = 0  # global
     world_size: int = 1
+    # Data-parallel position: the core gives each DP rank its own micro-batches; every rank of
+    # one model-parallel group gets the same ones.
+    dp_rank: int = 0
+    dp_size: int = 1
     vocab_size: int | None = None  # token ids at or above it are rejected before the forward
 
     @property
@@ -35,12 +53,36 @@ class TrainerBackend(ABC):
         return self.rank == 0
 
     @abstractmethod
-    def compute_logprobs(self, samples: Sequence[Sample], kind: LogprobKind) -> None:
-        """Fill `old_logprobs` or `ref_logprobs` of every sample (no gradient)."""
+    def logprobs(self, microbatches: Sequence[MicroBatch], policy: Policy) -> list[torch.Tensor]:
+        """No gradient, eval mode: one fp32 CPU tensor [T] per micro-batch (its response
+        tokens, in MicroBatch order), `log_softmax(logits / temperature)[target]`."""
 
     @abstractmethod
-    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One rollout batch: `num_minibatches` optimizer steps; returns aggregated metrics."""
+    def forward_backward(
+        self, microbatches: Sequence[MicroBatch], loss_fn: LossFn, *, entropy_grad: bool
+    ) -> None:
+        """Train mode: logprobs (and entropy, with gradient iff `entropy_grad`) of each
+        micro-batch -> `loss_fn` -> backward. One call per mini-batch: gradients start from
+        zero and accumulate over its micro-batches; then they are the SUM over data-parallel
+        ranks of every rank's loss gradients (the core's loss weights already sum to 1 over
+        all ranks)."""
+
+    @abstractmethod
+    def optimizer_step(self) -> OptimizerStep:
+        """Clip to `optim.grad_clip` and step (the gradients stay until the next
+        `forward_backward`)."""
+
+    @abstractmethod
+    def scheduler_step(self) -> None:
+        """Advance the LR schedule: once per training step."""
+
+    @abstractmethod
+    def all_reduce_dp(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum each value over the data-parallel ranks."""
+
+    @abstractmethod
+    def all_gather_dp(self, obj: T) -> list[T]:
+        """Every data-parallel rank's `obj`, in rank order."""
 
     @abstractmethod
     def full_state(self) -> dict[str, Any]:
@@ -52,8 +94,8 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) parameters with Hugging Face names, for weight pushes (collective;
-        only the main rank receives tensors)."""
+        """Full (unsharded) parameters with Hugging Face names and layouts, for weight pushes
+        (collective; only the main rank receives tensors)."""
 
     @abstractmethod
     def export_hf(self, out_dir: Path) -> Path | None:

@@ -12,15 +12,15 @@ LM head (`logits_to_keep` with explicit indices), in both paths.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
 from protos.trajectory import Trajectory
 
 
-@dataclass
-class Sample:
+@dataclass(frozen=True)
+class TrainSequence:
     """One trajectory as the trainer needs it; per-token tensors cover the response only."""
 
     sample_id: str
@@ -30,12 +30,7 @@ class Sample:
     loss_mask: torch.Tensor  # float32 [R]; 0 on observation tokens and non-finite logprobs
     rollout_logprobs: torch.Tensor | None  # float32 [R]
     reward: float
-    advantage: float = 0.0
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    tis_weights: torch.Tensor | None = None
-    loss_weights: torch.Tensor | None = None  # aggregation weights within its mini-batch
-    extras: dict[str, float] = field(default_factory=dict)
+    em: float | None = None  # the exact-match reward component, when the reward has one
     # The logits are divided by it: the engine sampled from (and scored with) logits / T.
     temperature: float = 1.0
 
@@ -61,8 +56,8 @@ def _mask_tensor(mask: bytes | Sequence[int]) -> torch.Tensor:
     return torch.tensor(list(mask), dtype=torch.float32)
 
 
-def sample_from_trajectory(traj: Trajectory) -> tuple[Sample, int]:
-    """Convert one trajectory; returns the sample and how many non-finite rollout logprobs
+def sequence_from_trajectory(traj: Trajectory) -> tuple[TrainSequence, int]:
+    """Convert one trajectory; returns the sequence and how many non-finite rollout logprobs
     were masked out of it."""
     prompt = list(traj.prompt_token_ids)
     response = list(traj.response_token_ids)
@@ -79,7 +74,7 @@ def sample_from_trajectory(traj: Trajectory) -> tuple[Sample, int]:
         # Nothing predicts the first token of a prompt-less sequence.
         mask[0] = 0.0
     components = dict(traj.reward.components)
-    sample = Sample(
+    sequence = TrainSequence(
         sample_id=traj.trajectory_id,
         group_id=traj.group_id,
         input_ids=prompt + response,
@@ -87,11 +82,11 @@ def sample_from_trajectory(traj: Trajectory) -> tuple[Sample, int]:
         loss_mask=mask,
         rollout_logprobs=rollout,
         reward=float(traj.reward.total),
-        extras={"em": components["em"]} if "em" in components else {},
+        em=components.get("em"),
         # 0 = greedy or unset (an older producer): SGLang's greedy logprobs are temperature 1.
         temperature=traj.temperature if traj.temperature >= _GREEDY_EPS else 1.0,
     )
-    return sample, nonfinite
+    return sequence, nonfinite
 
 
 @dataclass
@@ -106,16 +101,13 @@ class MicroBatch:
     targets: torch.Tensor  # [T] the response tokens
     sample_index: torch.Tensor  # [T] index into `samples` of each response token
     temperatures: torch.Tensor  # [T] float32, the sampling temperature of each response token
-    samples: list[int]  # indices into the caller's sample list, in order
+    samples: list[int]  # indices into the caller's sequence list, in order
     num_tokens: int  # real (non-padding) tokens
     padded_tokens: int  # B * L
 
-    def response_field(self, all_samples: Sequence[Sample], name: str) -> torch.Tensor:
-        """Concatenate a per-sample response tensor (`old_logprobs`, ...) in this order."""
-        parts = [getattr(all_samples[i], name) for i in self.samples]
-        if any(p is None for p in parts):
-            raise ValueError(f"sample field {name} is not set")
-        return torch.cat(parts) if parts else torch.zeros(0)
+    def gather(self, per_sequence: Sequence[torch.Tensor]) -> torch.Tensor:
+        """This micro-batch's tokens of a per-sequence response tensor, in token order."""
+        return torch.cat([per_sequence[i] for i in self.samples])
 
 
 def plan_microbatches(
@@ -157,7 +149,7 @@ def plan_microbatches(
 
 
 def build_microbatch(
-    samples: Sequence[Sample], idxs: Sequence[int], *, packed: bool, pad_id: int = 0
+    samples: Sequence[TrainSequence], idxs: Sequence[int], *, packed: bool, pad_id: int = 0
 ) -> MicroBatch:
     seqs = [samples[i] for i in idxs]
     if packed:
@@ -211,6 +203,15 @@ def build_microbatch(
         num_tokens=sum(s.length for s in seqs),
         padded_tokens=int(input_ids.numel()),
     )
+
+
+# A rank with no micro-batch left still joins the collectives (FSDP's, DP's), with zero weight.
+DUMMY = TrainSequence("dummy", "dummy", [0, 0], 1, torch.zeros(1), None, 0.0)
+
+
+def dummy_microbatch() -> MicroBatch:
+    """One token of no caller's sequence (`samples` empty): its loss gets zero weight."""
+    return replace(build_microbatch([DUMMY], [0], packed=True), samples=[], num_tokens=0)
 
 
 def shard_plan(plan: list[list[int]], world_size: int, rank: int) -> list[list[int]]:

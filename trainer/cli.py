@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+from trainer.config import TrainerSettings
 
 app = typer.Typer(
     help="GRPO training from the trajectory bus; checkpoints; weight pushes to inference.",
@@ -18,7 +19,7 @@ app = typer.Typer(
 @app.command("show-config")
 def show_config(config: ConfigOption = None) -> None:
     """Print the effective trainer section (file + environment + defaults)."""
-    print_section(load_or_exit(config).trainer)
+    print_section(load_or_exit(TrainerSettings, config).trainer)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -42,17 +43,17 @@ def run(
 ) -> None:
     """Train: consume trajectories from the bus, step, checkpoint, ack, push weights.
 
-    Launch with `torchrun --nproc-per-node N -m searchr1.cli trainer run ...` for FSDP2."""
+    Launch with `torchrun --nproc-per-node N -m searchr1.stack.cli trainer run ...` for FSDP2."""
     import asyncio
 
-    cfg = start_service("trainer", config)
+    cfg = start_service("trainer", TrainerSettings, config)
     section = cfg.trainer
     if model is not None:
         section.model.path = model
     if port is not None:
         section.http.port = port
     if max_steps is not None:
-        section.max_steps = max_steps
+        cfg.run.max_steps = max_steps
     if not section.model.path:
         raise _fail("trainer.model.path is not set (--model)")
     if not Path(section.model.path).is_dir():
@@ -77,7 +78,7 @@ def run(
         raise _fail(str(e)) from None
     backend = HFBackend(load_hf_model(section), section, info)
     bus = make_bus(cfg.redis.url, cfg.bus) if info.rank == 0 else None
-    loop = TrainingLoop(section, backend, info, bus=bus, pusher=pusher)
+    loop = TrainingLoop(section, backend, info, run=cfg.run, bus=bus, pusher=pusher)
     if bus is not None:
         code = asyncio.run(serve_trainer(loop, bus, section.http, resume=resume))
     else:
@@ -95,7 +96,7 @@ def export(
     model: Annotated[str | None, typer.Option(help="Base HF model directory.")] = None,
 ) -> None:
     """Export a checkpoint's weights as a plain Hugging Face directory (safetensors)."""
-    cfg = load_or_exit(config)
+    cfg = load_or_exit(TrainerSettings, config)
     section = cfg.trainer
     if model is not None:
         section.model.path = model

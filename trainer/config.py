@@ -11,6 +11,8 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
+from searchr1.settings import ServiceSettings
+from trainer.megatron.config import MegatronConfig
 
 
 class AdvantageConfig(Section):
@@ -101,13 +103,12 @@ class OptimConfig(Section):
     warmup_steps: int = Field(
         default=0,
         ge=0,
-        description="Training steps (rollout batches, like max_steps) of linear warm-up; every "
+        description="Training steps (rollout batches, like run.max_steps) of linear warm-up; every "
         "optimizer step of a training step uses that step's LR.",
     )
 
 
 class BatchConfig(Section):
-    groups_per_step: int = Field(default=32, ge=1, description="Prompt groups per rollout batch.")
     num_minibatches: int = Field(
         default=1, ge=1, description="Optimizer steps per rollout batch (1 = on-policy)."
     )
@@ -195,6 +196,11 @@ class ModelConfig(Section):
     seed: int = 0
 
 
+class BackendKind(StrEnum):
+    HF = "hf"  # Hugging Face model, one process or FSDP2 (trainer.hf_backend)
+    MEGATRON = "megatron"  # Megatron-Core GPTModel, TP x PP x DP (trainer.megatron)
+
+
 class TrainerHttpConfig(HttpConfig):
     # Its own class (not HttpConfig(port=...)): a partial override such as
     # SEARCHR1_TRAINER__HTTP__HOST must keep this default port.
@@ -204,6 +210,8 @@ class TrainerHttpConfig(HttpConfig):
 class TrainerConfig(Section):
     http: TrainerHttpConfig = Field(default_factory=TrainerHttpConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    backend: BackendKind = BackendKind.HF
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     tis: TISConfig = Field(default_factory=TISConfig)
@@ -211,7 +219,6 @@ class TrainerConfig(Section):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     weight_push: WeightPushConfig = Field(default_factory=WeightPushConfig)
-    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
     lease_ttl_s: float = Field(
         default=15.0,
         gt=0,
@@ -233,4 +240,30 @@ class TrainerConfig(Section):
             )
         if self.tis.lower > self.tis.upper:
             raise ValueError("tis.lower must be <= tis.upper")
+        return self
+
+
+class TrainerSettings(ServiceSettings):
+    """What `searchr1 trainer ...` loads: the shared sections plus `trainer`."""
+
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _backlog_holds_the_unacked_window(self) -> TrainerSettings:
+        # The trainer acknowledges trajectories only once a checkpoint holds them, so up to
+        # `checkpoint.every_steps` trained steps stay unacked while it gathers the next one. The
+        # bus blocks publishing at `max_backlog` unacked entries: a smaller bound starves the
+        # trainer of its next step and both wait forever.
+        ckpt = self.trainer.checkpoint
+        held = ckpt.every_steps if ckpt.dir else 0
+        per_step = self.run.groups_per_step * self.run.group_size
+        need = (held + 1) * per_step
+        if self.bus.max_backlog < need:
+            raise ValueError(
+                f"bus.max_backlog ({self.bus.max_backlog}) must be at least {need}: "
+                f"(trainer.checkpoint.every_steps {held} + 1) x run.groups_per_step "
+                f"{self.run.groups_per_step} x run.group_size {self.run.group_size}, the "
+                "trajectories the trainer holds unacknowledged until its next checkpoint plus "
+                "one step"
+            )
         return self

@@ -1,9 +1,8 @@
 """Hugging Face causal LMs under PyTorch: one process, or FSDP2 (`fully_shard`) over ranks.
 
 Parameters stay fp32 (the optimizer's master copy); bf16 compute on CUDA comes from autocast
-(one process) or FSDP2's mixed-precision policy. Gradients of all micro-batches of a mini-batch
-are accumulated with loss weights normalised over the whole mini-batch (see `trainer.losses`),
-so accumulation and data parallelism give the same update as one big batch.
+(one process) or FSDP2's mixed-precision policy. Model mechanics only: the GRPO core
+(`trainer.step`) plans the micro-batches and gives the loss.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,21 +26,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from trainer.attention import use_varlen
-from trainer.backend import LogprobKind, TrainerBackend
-from trainer.batching import (
-    MicroBatch,
-    Sample,
-    build_microbatch,
-    plan_microbatches,
-    shard_plan,
-    split_minibatches,
-)
-from trainer.config import DType, LossConfig, LRSchedule, TrainerConfig
+from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
+from trainer.batching import MicroBatch
+from trainer.config import DType, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
-from trainer.losses import LossTerms, aggregation_weights, entropy_from_logits, grpo_loss
+from trainer.losses import entropy_from_logits
 
-# Token counts: summed over mini-batches (the other metrics are averaged).
-_COUNTS = ("nonfinite_trainer_logprobs", "nonfinite_ref_logprobs")
+T = TypeVar("T")
 
 
 def _lr_lambda(schedule: LRSchedule, warmup_steps: int):  # type: ignore[no-untyped-def]
@@ -68,8 +58,8 @@ class HFBackend(TrainerBackend):
         self.cfg = cfg
         self.info = info
         self.rank, self.world_size = info.rank, info.world_size
+        self.dp_rank, self.dp_size = info.rank, info.world_size  # FSDP: every rank is DP
         self.device = info.device
-        self.loss_cfg: LossConfig = cfg.loss
         dtype = cfg.model.dtype
         if dtype == DType.AUTO:
             dtype = DType.BFLOAT16 if self.device.type == "cuda" else DType.FLOAT32
@@ -129,18 +119,8 @@ class HFBackend(TrainerBackend):
 
     # -- forward --------------------------------------------------------------------------
 
-    def _plan(self, samples: Sequence[Sample]) -> list[list[int]]:
-        b = self.cfg.batch
-        plan = plan_microbatches(
-            [s.length for s in samples],
-            b.max_tokens_per_microbatch,
-            packed=b.packing,
-            max_samples=b.max_samples_per_microbatch,
-        )
-        return shard_plan(plan, self.world_size, self.rank)
-
     def _forward(
-        self, model: nn.Module, mb: MicroBatch, *, with_entropy: bool
+        self, model: nn.Module, mb: MicroBatch, *, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprobs of the response tokens (fp32) under each sample's sampling distribution,
         `log_softmax(logits / T)`, and their entropies if asked."""
@@ -168,132 +148,54 @@ class HFBackend(TrainerBackend):
         )
         ent = None
         if with_entropy:
-            ent = entropy_from_logits(rows) if self.loss_cfg.entropy_coef > 0 else None
-            if ent is None:
+            if entropy_grad:
+                ent = entropy_from_logits(rows)
+            else:
                 with torch.no_grad():
                     ent = entropy_from_logits(rows.detach())
         return logp, ent
 
-    def _dummy(self) -> tuple[list[Sample], MicroBatch]:
-        # A rank with no micro-batch left still joins FSDP's collectives, with zero weight.
-        s = Sample("dummy", "dummy", [0, 0], 1, torch.zeros(1), torch.zeros(1), 0.0)
-        s.old_logprobs = s.ref_logprobs = s.tis_weights = s.loss_weights = torch.zeros(1)
-        return [s], build_microbatch([s], [0], packed=True)
-
     @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[Sample], kind: LogprobKind) -> None:
-        model = self.model if kind == LogprobKind.OLD else self.ref_model
+    def logprobs(self, microbatches: Sequence[MicroBatch], policy: Policy) -> list[torch.Tensor]:
+        model = self.model if policy == Policy.CURRENT else self.ref_model
         if model is None:
             raise ValueError("reference logprobs need loss.kl_coef > 0 (no reference model)")
-        # eval(): dropout would make old/ref logprobs random; train_step goes back to train().
+        # eval(): dropout would make old/ref logprobs random; training goes back to train().
         was_training = model.training
         model.eval()
         try:
-            self._compute_logprobs(model, samples, kind)
+            return [self._forward(model, mb, with_entropy=False)[0].cpu() for mb in microbatches]
         finally:
             model.train(was_training)
 
-    def _compute_logprobs(
-        self, model: nn.Module, samples: Sequence[Sample], kind: LogprobKind
-    ) -> None:
-        packed = self.cfg.batch.packing
-        local: dict[int, torch.Tensor] = {}
-        for idxs in self._plan(samples):
-            if not idxs:
-                _, mb = self._dummy()
-                self._forward(model, mb, with_entropy=False)
-                continue
-            mb = build_microbatch(samples, idxs, packed=packed)
-            logp, _ = self._forward(model, mb, with_entropy=False)
-            logp = logp.cpu()
-            for k, i in enumerate(idxs):
-                local[i] = logp[mb.sample_index == k]
-        merged: dict[int, torch.Tensor] = {}
-        for part in all_gather_objects(local, self.info):
-            merged.update(part)
-        attr = "old_logprobs" if kind == LogprobKind.OLD else "ref_logprobs"
-        for i, s in enumerate(samples):
-            setattr(s, attr, merged[i])
-
     # -- training -------------------------------------------------------------------------
 
-    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+    def forward_backward(
+        self, microbatches: Sequence[MicroBatch], loss_fn: LossFn, *, entropy_grad: bool
+    ) -> None:
         self.model.train()
-        totals: dict[str, float] = {}
-        minibatches = split_minibatches(len(samples), self.cfg.batch.num_minibatches)
-        t_fb = t_opt = 0.0
-        tokens = 0
-        for mb_idx in minibatches:
-            sub = [samples[i] for i in mb_idx]
-            self._set_loss_weights(sub)
-            self.optimizer.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            sums: dict[str, float] = {}
-            for idxs in self._plan(sub):
-                if idxs:
-                    mb = build_microbatch(sub, idxs, packed=self.cfg.batch.packing)
-                    batch_samples: Sequence[Sample] = sub
-                    tokens += mb.num_tokens
-                else:
-                    batch_samples, mb = self._dummy()
-                terms = self._microbatch_loss(batch_samples, mb)
-                # FSDP averages gradients over ranks; the weights already sum over ranks.
-                (terms.loss * self.world_size).backward()
-                for k, v in terms.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-            t1 = time.perf_counter()
-            grad_norm = self._clip_grad()
-            lr = self.optimizer.param_groups[0]["lr"]  # the LR this update uses
-            self.optimizer.step()
-            self._steps += 1
-            t_opt += time.perf_counter() - t1
-            t_fb += t1 - t0
-            sums = all_reduce_sum(sums, self.info)
-            sums["grad_norm"] = grad_norm
-            sums["lr"] = lr
-            for k, v in sums.items():
-                totals[k] = totals.get(k, 0.0) + v
-        # Once per training step, as in verl (Search-R1): `warmup_steps` are training steps like
-        # every other `*_steps` of the config, whatever `num_minibatches` is.
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in microbatches:
+            logp, ent = self._forward(self.model, mb, with_entropy=True, entropy_grad=entropy_grad)
+            terms = loss_fn(mb, logp, ent)
+            # FSDP averages gradients over ranks; the loss weights already sum over ranks.
+            (terms.loss * self.world_size).backward()
+
+    def optimizer_step(self) -> OptimizerStep:
+        grad_norm = self._clip_grad()
+        lr = self.optimizer.param_groups[0]["lr"]  # the LR this update uses
+        self.optimizer.step()
+        self._steps += 1
+        return OptimizerStep(grad_norm=grad_norm, lr=lr)
+
+    def scheduler_step(self) -> None:
         self.scheduler.step()
-        n = len(minibatches)
-        metrics = {k: v if k in _COUNTS else v / n for k, v in totals.items()}
-        metrics["nonfinite_trainer_logprobs"] = totals.get("nonfinite_trainer_logprobs", 0.0)
-        metrics["optimizer_steps"] = float(n)
-        metrics["time/forward_backward_s"] = t_fb
-        metrics["time/optimizer_s"] = t_opt
-        metrics["train_tokens"] = all_reduce_sum({"t": float(tokens)}, self.info)["t"]
-        return metrics
 
-    def _set_loss_weights(self, sub: Sequence[Sample]) -> None:
-        mask = torch.cat([s.loss_mask for s in sub])
-        index = torch.cat(
-            [torch.full((s.response_len,), k, dtype=torch.long) for k, s in enumerate(sub)]
-        )
-        w = aggregation_weights(mask, index, len(sub), self.loss_cfg.aggregation)
-        for s, part in zip(sub, torch.split(w, [s.response_len for s in sub]), strict=True):
-            s.loss_weights = part
+    def all_reduce_dp(self, values: dict[str, float]) -> dict[str, float]:
+        return all_reduce_sum(values, self.info)
 
-    def _microbatch_loss(self, samples: Sequence[Sample], mb: MicroBatch) -> LossTerms:
-        dev = self.device
-        logp, ent = self._forward(self.model, mb, with_entropy=True)
-        adv = torch.cat(
-            [torch.full((samples[i].response_len,), samples[i].advantage) for i in mb.samples]
-        )
-        has_ref = self.ref_model is not None and all(
-            samples[i].ref_logprobs is not None for i in mb.samples
-        )
-        has_tis = all(samples[i].tis_weights is not None for i in mb.samples)
-        return grpo_loss(
-            logp,
-            mb.response_field(samples, "old_logprobs").to(dev),
-            adv.to(dev),
-            mb.response_field(samples, "loss_weights").to(dev),
-            self.loss_cfg,
-            ref_logp=mb.response_field(samples, "ref_logprobs").to(dev) if has_ref else None,
-            entropy=ent,
-            tis_weights=mb.response_field(samples, "tis_weights").to(dev) if has_tis else None,
-        )
+    def all_gather_dp(self, obj: T) -> list[T]:
+        return all_gather_objects(obj, self.info)
 
     def _clip_grad(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -27,6 +27,7 @@ from typing import Any
 
 from protos.trajectory import Trajectory, decode, encode
 from searchr1.bus import Delivery, Receipt, TrajectoryBus
+from searchr1.sections import RunConfig
 from trainer.backend import TrainerBackend
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
@@ -106,12 +107,14 @@ class TrainingLoop:
         backend: TrainerBackend,
         info: DistInfo,
         *,
+        run: RunConfig,
         bus: TrajectoryBus | None,
         pusher: WeightPusher | None = None,
     ) -> None:
         if info.rank == 0 and bus is None:
             raise ValueError("rank 0 needs the trajectory bus")
         self.cfg = cfg
+        self.run_cfg = run
         self.backend = backend
         self.info = info
         self.bus = bus
@@ -155,15 +158,15 @@ class TrainingLoop:
     # -- data -----------------------------------------------------------------------------
 
     async def _next_batch(self) -> list[Delivery] | None:
-        """Rank 0: deliveries of `groups_per_step` complete groups, or None when stopping."""
+        """Rank 0: deliveries of `run.groups_per_step` complete groups, or None when stopping."""
         assert self.bus is not None
-        want = self.cfg.batch.groups_per_step
+        want = self.run_cfg.groups_per_step
         await self._expire_incomplete_groups()
         while self._buffer.complete_groups < want:
             if self.stop_event.is_set():
                 return None
             await self._resync_engines()
-            n = max(want - self._buffer.complete_groups, 1) * 8
+            n = max(want - self._buffer.complete_groups, 1) * self.run_cfg.group_size
             got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
             self._buffer.add(got)
             await self._expire_incomplete_groups()
@@ -219,7 +222,8 @@ class TrainingLoop:
     # -- the loop -------------------------------------------------------------------------
 
     def _done(self) -> bool:
-        return self.cfg.max_steps is not None and self.status.step >= self.cfg.max_steps
+        last = self.run_cfg.max_steps
+        return last is not None and self.status.step >= last
 
     async def run(self) -> None:
         self.status.running = True

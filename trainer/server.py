@@ -3,7 +3,7 @@
 `/health`, `/ready` (model loaded and the bus reachable), `/metrics`, and `GET /status` (step,
 weight version, the last step's metrics). The loop runs as a background task; each step's
 compute runs in a worker thread so the HTTP endpoints stay responsive. SIGTERM (or the end of
-`max_steps`) stops the loop after the current step, which is then checkpointed.
+`run.max_steps`) stops the loop after the current step, which is then checkpointed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""One training step from a list of trajectories, independent of the bus and of HTTP.
+"""The GRPO core: one training step from a list of trajectories, whatever the backend.
 
-trajectories -> samples -> group advantages -> old / reference logprobs -> TIS weights ->
-`backend.train_step`. Returns the step's metrics (spec section 5 and the issue's list).
+trajectories -> `TrainSequence`s -> group advantages -> old / reference logprobs -> TIS
+weights: a `TrainBatch`, built once and never mutated -> mini-batches (loss weights) ->
+packed micro-batches -> `backend.forward_backward(loss_fn)` -> `backend.optimizer_step()`.
+The backend (`trainer.backend`) only runs the model; every decision of the algorithm is here.
 """
 
 from __future__ import annotations
@@ -10,56 +12,84 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from protos.trajectory import Trajectory
 from trainer.advantages import group_advantages
-from trainer.backend import LogprobKind, TrainerBackend
-from trainer.batching import Sample, sample_from_trajectory
+from trainer.backend import LossFn, Policy, TrainerBackend
+from trainer.batching import (
+    MicroBatch,
+    TrainSequence,
+    build_microbatch,
+    dummy_microbatch,
+    plan_microbatches,
+    sequence_from_trajectory,
+    shard_plan,
+    split_minibatches,
+)
 from trainer.config import OldLogprobSource, TISMode, TrainerConfig
+from trainer.losses import LossTerms, aggregation_weights, grpo_loss
 from trainer.tis import tis_weights
 
 log = logging.getLogger(__name__)
 
+# Token counts: summed over mini-batches (the other metrics are averaged).
+_COUNTS = ("nonfinite_trainer_logprobs", "nonfinite_ref_logprobs")
 
-def build_samples(
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Everything the loss needs, per sequence, staged once before the first update.
+
+    Per-token fields are lists aligned with `sequences`, each tensor [response_len]."""
+
+    sequences: list[TrainSequence]
+    advantages: torch.Tensor  # [N] float32
+    old_logprobs: list[torch.Tensor]
+    ref_logprobs: list[torch.Tensor] | None  # None without a KL term
+    tis_weights: list[torch.Tensor] | None  # None with TIS off
+
+
+def build_sequences(
     trajectories: Sequence[Trajectory], cfg: TrainerConfig
-) -> tuple[list[Sample], dict[str, float]]:
-    """Samples ordered by group (so mini-batches keep groups together), with advantages."""
+) -> tuple[list[TrainSequence], torch.Tensor, dict[str, float]]:
+    """Sequences ordered by group (so mini-batches keep groups together), their advantages,
+    and the reward metrics. Degenerate groups are dropped here when configured."""
     infra = sum(t.infrastructure_failure for t in trajectories)
     if not cfg.loss.train_on_infrastructure_failures:
         trajectories = [t for t in trajectories if not t.infrastructure_failure]
     order = sorted(range(len(trajectories)), key=lambda i: (trajectories[i].group_id, i))
-    samples: list[Sample] = []
+    sequences: list[TrainSequence] = []
     nonfinite = 0
     for i in order:
-        s, bad = sample_from_trajectory(trajectories[i])
-        samples.append(s)
+        s, bad = sequence_from_trajectory(trajectories[i])
+        sequences.append(s)
         nonfinite += bad
     adv = group_advantages(
-        [s.reward for s in samples], [s.group_id for s in samples], cfg.advantages
+        [s.reward for s in sequences], [s.group_id for s in sequences], cfg.advantages
     )
-    for s, a in zip(samples, adv.advantages.tolist(), strict=True):
-        s.advantage = a
+    advantages = adv.advantages.to(torch.float32)
     # Reward statistics over everything consumed, before any filtering.
-    rewards = [s.reward for s in samples] or [0.0]
-    ems = [s.extras["em"] for s in samples if "em" in s.extras]
-    if cfg.advantages.filter_degenerate_groups:
-        samples = [s for s, d in zip(samples, adv.degenerate.tolist(), strict=True) if not d]
-    advs = adv.advantages
-    resp = [s.response_len for s in samples] or [0]
-    masked = sum(float(s.loss_mask.sum()) for s in samples)
+    rewards = [s.reward for s in sequences] or [0.0]
+    ems = [s.em for s in sequences if s.em is not None]
+    if cfg.advantages.filter_degenerate_groups and sequences:
+        keep = ~adv.degenerate
+        sequences = [s for s, k in zip(sequences, keep.tolist(), strict=True) if k]
+        advantages = advantages[keep]
+    resp = [s.response_len for s in sequences] or [0]
+    masked = sum(float(s.loss_mask.sum()) for s in sequences)
     total_resp = sum(resp)
     metrics = {
-        "samples": float(len(samples)),
+        "samples": float(len(sequences)),
         "groups": float(adv.num_groups),
         "groups/degenerate": float(adv.num_degenerate_groups),
         "groups/degenerate_fraction": adv.num_degenerate_groups / max(adv.num_groups, 1),
         "reward/mean": statistics.fmean(rewards),
         "reward/std": statistics.pstdev(rewards),
-        "advantages/mean": float(advs.mean()) if advs.numel() else 0.0,
-        "advantages/abs_mean": float(advs.abs().mean()) if advs.numel() else 0.0,
+        "advantages/mean": float(advantages.mean()) if advantages.numel() else 0.0,
+        "advantages/abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
         "response_length/mean": statistics.fmean(resp),
         "response_length/max": float(max(resp)),
         # Response tokens that are retrieved text (loss mask 0): if it dominates, little trains.
@@ -69,58 +99,180 @@ def build_samples(
     }
     if ems:
         metrics["reward/em"] = statistics.fmean(ems)
-    return samples, metrics
+    return sequences, advantages, metrics
 
 
-def _flat(samples: Sequence[Sample], name: str) -> torch.Tensor:
-    return torch.cat([getattr(s, name) for s in samples])
+def rank_microbatches(
+    sequences: Sequence[TrainSequence], backend: TrainerBackend, cfg: TrainerConfig
+) -> list[MicroBatch]:
+    """This data-parallel rank's packed micro-batches; a dummy one where it has none left
+    (every rank runs the same number of forwards: the collectives are per forward)."""
+    b = cfg.batch
+    plan = plan_microbatches(
+        [s.length for s in sequences],
+        b.max_tokens_per_microbatch,
+        packed=b.packing,
+        max_samples=b.max_samples_per_microbatch,
+    )
+    return [
+        build_microbatch(sequences, idxs, packed=b.packing) if idxs else dummy_microbatch()
+        for idxs in shard_plan(plan, backend.dp_size, backend.dp_rank)
+    ]
 
 
-def prepare_logprobs(
-    samples: list[Sample], backend: TrainerBackend, cfg: TrainerConfig
-) -> dict[str, float]:
-    """Old-policy and reference logprobs, TIS weights; returns their metrics."""
+def sequence_logprobs(
+    sequences: Sequence[TrainSequence],
+    backend: TrainerBackend,
+    policy: Policy,
+    cfg: TrainerConfig,
+) -> list[torch.Tensor]:
+    """Per-sequence logprobs of the response tokens under `policy`, on every rank."""
+    mbs = rank_microbatches(sequences, backend, cfg)
+    local: dict[int, torch.Tensor] = {}
+    for mb, logp in zip(mbs, backend.logprobs(mbs, policy), strict=True):
+        for k, i in enumerate(mb.samples):
+            local[i] = logp[mb.sample_index == k]
+    merged: dict[int, torch.Tensor] = {}
+    for part in backend.all_gather_dp(local):
+        merged.update(part)
+    return [merged[i] for i in range(len(sequences))]
+
+
+def stage_batch(
+    sequences: list[TrainSequence],
+    advantages: torch.Tensor,
+    backend: TrainerBackend,
+    cfg: TrainerConfig,
+) -> tuple[TrainBatch, dict[str, float]]:
+    """Old-policy and reference logprobs and TIS weights: the finished `TrainBatch`."""
     metrics: dict[str, float] = {}
-    have_rollout = all(s.rollout_logprobs is not None for s in samples)
+    rollout = [s.rollout_logprobs for s in sequences]
+    have_rollout = all(r is not None for r in rollout)
     if cfg.loss.old_logprobs == OldLogprobSource.ROLLOUT and have_rollout:
-        for s in samples:
-            s.old_logprobs = s.rollout_logprobs
+        old = [r for r in rollout if r is not None]
     else:
         if cfg.loss.old_logprobs == OldLogprobSource.ROLLOUT:
             metrics["old_logprobs_recomputed"] = 1.0  # some trajectory had no rollout logprobs
-        backend.compute_logprobs(samples, LogprobKind.OLD)
+        old = sequence_logprobs(sequences, backend, Policy.CURRENT, cfg)
+    ref = None
     if cfg.loss.kl_coef > 0:
-        backend.compute_logprobs(samples, LogprobKind.REF)
-    if not samples:
-        return metrics
-    mask = _flat(samples, "loss_mask") > 0
-    index = torch.cat(
-        [torch.full((s.response_len,), k, dtype=torch.long) for k, s in enumerate(samples)]
+        ref = sequence_logprobs(sequences, backend, Policy.REFERENCE, cfg)
+    tis = None
+    if sequences and have_rollout:
+        mask = torch.cat([s.loss_mask for s in sequences]) > 0
+        flat_old = torch.cat(old)
+        flat_rollout = torch.cat([r for r in rollout if r is not None])
+        if cfg.loss.old_logprobs == OldLogprobSource.RECOMPUTE:
+            ok = mask & torch.isfinite(flat_old)
+            diff = (flat_old - flat_rollout).abs()[ok]
+            metrics["logprob_diff/trainer_vs_rollout_abs_mean"] = (
+                float(diff.mean()) if diff.numel() else 0.0
+            )
+            metrics["logprob_diff/trainer_vs_rollout_abs_max"] = (
+                float(diff.max()) if diff.numel() else 0.0
+            )
+        if cfg.tis.mode != TISMode.OFF:
+            res = tis_weights(
+                flat_old, flat_rollout, mask, _token_index(sequences), len(sequences), cfg.tis
+            )
+            tis = list(torch.split(res.weights, [s.response_len for s in sequences]))
+            metrics.update(res.metrics)
+    batch = TrainBatch(sequences, advantages, old, ref, tis)
+    return batch, metrics
+
+
+def _token_index(sequences: Sequence[TrainSequence]) -> torch.Tensor:
+    """The index of its sequence for every response token, concatenated."""
+    return torch.cat(
+        [torch.full((s.response_len,), k, dtype=torch.long) for k, s in enumerate(sequences)]
     )
-    if have_rollout and cfg.loss.old_logprobs == OldLogprobSource.RECOMPUTE:
-        old, rollout = _flat(samples, "old_logprobs"), _flat(samples, "rollout_logprobs")
-        ok = mask & torch.isfinite(old)
-        diff = (old - rollout).abs()[ok]
-        metrics["logprob_diff/trainer_vs_rollout_abs_mean"] = (
-            float(diff.mean()) if diff.numel() else 0.0
+
+
+def minibatch_loss(
+    batch: TrainBatch, idxs: list[int], weights: list[torch.Tensor], cfg: TrainerConfig
+) -> LossFn:
+    """The GRPO loss of a micro-batch of the mini-batch `idxs` (positions in `batch`), whose
+    micro-batches index `idxs` in order; `weights` are the mini-batch's aggregation weights."""
+    sub = [batch.sequences[i] for i in idxs]
+    adv = [
+        torch.full((s.response_len,), float(batch.advantages[i]))
+        for s, i in zip(sub, idxs, strict=True)
+    ]
+    old = [batch.old_logprobs[i] for i in idxs]
+    ref = [batch.ref_logprobs[i] for i in idxs] if batch.ref_logprobs is not None else None
+    tis = [batch.tis_weights[i] for i in idxs] if batch.tis_weights is not None else None
+
+    def loss_fn(mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None) -> LossTerms:
+        dev = logp.device
+
+        def pick(per_sequence: Sequence[torch.Tensor]) -> torch.Tensor:
+            if not mb.samples:  # the dummy micro-batch of a rank without data: zero weight
+                return torch.zeros(mb.targets.numel())
+            return mb.gather(per_sequence)
+
+        return grpo_loss(
+            logp,
+            pick(old).to(dev),
+            pick(adv).to(dev),
+            pick(weights).to(dev),
+            cfg.loss,
+            ref_logp=pick(ref).to(dev) if ref is not None else None,
+            entropy=entropy,
+            tis_weights=pick(tis).to(dev) if tis is not None else None,
         )
-        metrics["logprob_diff/trainer_vs_rollout_abs_max"] = (
-            float(diff.max()) if diff.numel() else 0.0
-        )
-    if cfg.tis.mode != TISMode.OFF and have_rollout:
-        res = tis_weights(
-            _flat(samples, "old_logprobs"),
-            _flat(samples, "rollout_logprobs"),
-            mask,
-            index,
-            len(samples),
-            cfg.tis,
-        )
-        for s, w in zip(
-            samples, torch.split(res.weights, [s.response_len for s in samples]), strict=True
-        ):
-            s.tis_weights = w
-        metrics.update(res.metrics)
+
+    return loss_fn
+
+
+def _summing_metrics(loss_fn: LossFn, sums: dict[str, float]) -> LossFn:
+    """`loss_fn`, adding each micro-batch's (weighted) metrics into `sums`."""
+
+    def summed(mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None) -> LossTerms:
+        terms = loss_fn(mb, logp, entropy)
+        for k, v in terms.metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+        return terms
+
+    return summed
+
+
+def train_batch(batch: TrainBatch, backend: TrainerBackend, cfg: TrainerConfig) -> dict[str, float]:
+    """`num_minibatches` optimizer steps over the staged batch; returns averaged metrics."""
+    totals: dict[str, float] = {}
+    minibatches = split_minibatches(len(batch.sequences), cfg.batch.num_minibatches)
+    t_fb = t_opt = 0.0
+    tokens = 0.0
+    for idxs in minibatches:
+        sub = [batch.sequences[i] for i in idxs]
+        # Weights normalised over the whole mini-batch (all ranks): accumulation and data
+        # parallelism then give the update of one big batch.
+        mask = torch.cat([s.loss_mask for s in sub])
+        w = aggregation_weights(mask, _token_index(sub), len(sub), cfg.loss.aggregation)
+        weights = list(torch.split(w, [s.response_len for s in sub]))
+        sums: dict[str, float] = {}
+        loss_fn = _summing_metrics(minibatch_loss(batch, idxs, weights, cfg), sums)
+        mbs = rank_microbatches(sub, backend, cfg)
+        tokens += sum(mb.num_tokens for mb in mbs)
+        t0 = time.perf_counter()
+        backend.forward_backward(mbs, loss_fn, entropy_grad=cfg.loss.entropy_coef > 0)
+        t1 = time.perf_counter()
+        step = backend.optimizer_step()
+        t_opt += time.perf_counter() - t1
+        t_fb += t1 - t0
+        sums = backend.all_reduce_dp(sums)
+        sums["grad_norm"] = step.grad_norm
+        sums["lr"] = step.lr
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + v
+    # Once per training step, as in verl (Search-R1): `warmup_steps` are training steps like
+    # every other `*_steps` of the config, whatever `num_minibatches` is.
+    backend.scheduler_step()
+    n = len(minibatches)
+    metrics = {k: v if k in _COUNTS else v / n for k, v in totals.items()}
+    metrics["optimizer_steps"] = float(n)
+    metrics["time/forward_backward_s"] = t_fb
+    metrics["time/optimizer_s"] = t_opt
+    metrics["train_tokens"] = backend.all_reduce_dp({"t": tokens})["t"]
     return metrics
 
 
@@ -146,13 +298,14 @@ def train_on(
     trajectories: Sequence[Trajectory], backend: TrainerBackend, cfg: TrainerConfig
 ) -> dict[str, float]:
     valid = valid_for(trajectories, backend.vocab_size)
-    samples, metrics = build_samples(valid, cfg)
+    sequences, advantages, metrics = build_sequences(valid, cfg)
     metrics["invalid_samples"] = float(len(trajectories) - len(valid))
-    if not samples:
+    if not sequences:
         metrics["skipped"] = 1.0
         return metrics
     t0 = time.perf_counter()
-    metrics.update(prepare_logprobs(samples, backend, cfg))
+    batch, staged = stage_batch(sequences, advantages, backend, cfg)
+    metrics.update(staged)
     metrics["time/logprobs_s"] = time.perf_counter() - t0  # old/ref forward passes, TIS
-    metrics.update(backend.train_step(samples))
+    metrics.update(train_batch(batch, backend, cfg))
     return metrics

@@ -44,7 +44,7 @@ def _start(name: str, replace: dict[str, str], log: Path) -> Running:
     full_env = {**base, **env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "searchr1.cli", *argv],
+            [sys.executable, "-m", "searchr1.stack.cli", *argv],
             env=full_env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -88,7 +88,15 @@ def retriever(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tmp = tmp_path_factory.mktemp("deploy-retriever")
     corpus = write_corpus(tmp / "corpus.jsonl", 50)
     index = tmp / "index"
-    build = [sys.executable, "-m", "searchr1.cli", "retriever", "build", "--corpus", str(corpus)]
+    build = [
+        sys.executable,
+        "-m",
+        "searchr1.stack.cli",
+        "retriever",
+        "build",
+        "--corpus",
+        str(corpus),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([*build, "--out", str(index), "--backend", "bm25"], check=True, env=env)
     log = tmp / "retriever.log"

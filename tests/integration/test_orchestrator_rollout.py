@@ -236,7 +236,9 @@ async def test_retriever_that_fails_then_recovers(stack: Stack) -> None:
 # -- the orchestrator process ------------------------------------------------------------------
 
 
-def write_config(stack: Stack, redis_url: str, path: Path, **orch: Any) -> Path:
+def write_config(
+    stack: Stack, redis_url: str, path: Path, run: dict[str, Any] | None = None, **orch: Any
+) -> Path:
     import json
 
     import yaml
@@ -251,20 +253,16 @@ def write_config(stack: Stack, redis_url: str, path: Path, **orch: Any) -> Path:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     section = {
         "engine_url": stack.engine.url,
-        "run_id": "e2e",
         "weight_poll_s": 0.1,
         "data": {"train_path": str(data), "seed": 1},
-        "rollout": {"group_size": 2, "prompts_per_step": 2},
         "search": {"retriever_url": stack.retriever.url, "topk": TOPK},
         **orch,
     }
-    # Sync mode: the trainer consumes exactly one step's groups per version (StackConfig checks).
-    trainer = {"batch": {"groups_per_step": section["rollout"]["prompts_per_step"]}}
     cfg = {
         "redis": {"url": redis_url},
         "logging": {"json_format": True},
+        "run": {"id": "e2e", "groups_per_step": 2, "group_size": 2, **(run or {})},
         "orchestrator": section,
-        "trainer": trainer,
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -294,7 +292,7 @@ async def drain(redis_url: str) -> list[Any]:
 async def test_orchestrator_process_sync_mode_and_restart(stack: Stack, redis_server) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
-    cfg = write_config(stack, redis_server.url, stack.tmp / "sync.yaml", max_steps=2)
+    cfg = write_config(stack, redis_server.url, stack.tmp / "sync.yaml", run={"max_steps": 2})
     orch = Service(["orchestrator", "run", "--config", str(cfg)], stack.tmp / "orch.log").start()
     try:
         deadline = time.monotonic() + 60
@@ -359,23 +357,22 @@ async def test_async_staleness_bound_with_weight_updates(stack: Stack, redis_ser
     from orchestrator.loop import Orchestrator
     from orchestrator.scoring import Scorer
     from searchr1.bus import TrajectoryBus
-    from searchr1.sections import BusConfig
+    from searchr1.sections import BusConfig, RunConfig
 
     cfg = OrchestratorConfig.model_validate(
         {
-            "run_id": "stale",
             "mode": "async",
             "max_staleness": 0,
             "stale_policy": "drop",
             "epochs": 3,
-            "rollout": {"group_size": 2, "prompts_per_step": 4},
         }
     )
-    rollout = rollout_for(stack, group_size=2, prompts_per_step=4)
+    rollout = rollout_for(stack)
     rollout.greedy = False
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig())
     orch = Orchestrator(
         cfg,
+        run=RunConfig(id="stale", groups_per_step=4, group_size=2),
         rollout=rollout,
         scorer=Scorer(cfg.reward),
         engine=rollout.generator,
@@ -417,10 +414,10 @@ async def test_orchestrator_killed_mid_step_publishes_no_group_twice(
         stack,
         redis_server.url,
         stack.tmp / "kill.yaml",
-        run_id="kill",
+        run={"id": "kill", "groups_per_step": 4, "group_size": 4},
         mode="async",
         epochs=2,  # 4 rows, 4 prompts per step: two steps
-        rollout={"group_size": 4, "prompts_per_step": 4, "max_concurrent_samples": 4},
+        rollout={"max_concurrent_samples": 4},
     )
     orch = Service(["orchestrator", "run", "--config", str(cfg)], stack.tmp / "kill.log").start()
     published = "searchr1_rollout_groups_published_total"

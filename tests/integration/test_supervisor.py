@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.local.supervisor import ChildFailed, RestartPolicy, ServiceSpec, Supervisor
 from searchr1.redis_server import free_port
+from searchr1.supervisor import ChildFailed, RestartPolicy, ServiceSpec, Supervisor
 
 PY = sys.executable
 ENV = {"PYTHONPATH": os.getcwd()}

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from protos.trajectory import Trajectory
 from searchr1.bus import TrajectoryBus
 from searchr1.redis_server import RedisServer
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer import loop as loop_module
 from trainer.config import BatchConfig, CheckpointConfig, TrainerConfig
@@ -40,17 +40,18 @@ def groups(names: list[str], size: int) -> list[Trajectory]:
     return trajs
 
 
-def make(cfg: TrainerConfig, url: str, **bus: object) -> tuple[TrainingLoop, TrajectoryBus]:
+def make(
+    cfg: TrainerConfig, url: str, run: RunConfig, **bus: object
+) -> tuple[TrainingLoop, TrajectoryBus]:
     b = TrajectoryBus.from_url(url, BusConfig(consumer="t", **bus))  # type: ignore[arg-type]
-    return TrainingLoop(cfg, HFBackend(tiny_qwen2(), cfg, CPU), CPU, bus=b), b
+    return TrainingLoop(cfg, HFBackend(tiny_qwen2(), cfg, CPU), CPU, run=run, bus=b), b
 
 
 async def test_a_batch_that_keeps_failing_ends_in_the_dead_letter_stream(
     redis_server: RedisServer, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     before = dead_total("train_error")
-    # One consume (8 entries) takes all four groups: g2 and g3 wait in the buffer while the
-    # poison group g0 crashes the trainer again and again.
+    # The poison group g0 crashes the trainer again and again; g2 and g3 come after it.
     trajs = groups(["g1", "g0", "g2", "g3"], size=2)
     real_train_on = loop_module.train_on
     trained: list[set[str]] = []
@@ -63,15 +64,15 @@ async def test_a_batch_that_keeps_failing_ends_in_the_dead_letter_stream(
 
     monkeypatch.setattr(loop_module, "train_on", train_on)
     cfg = TrainerConfig(
-        batch=BatchConfig(groups_per_step=1, consume_block_s=0.1),
+        batch=BatchConfig(consume_block_s=0.1),
         checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=1),
-        max_steps=3,
     )
+    run = RunConfig(groups_per_step=1, group_size=2, max_steps=3)
     publisher = TrajectoryBus.from_url(redis_server.url, BusConfig())
     await publisher.publish(trajs)
     crashes = 0
     for _ in range(6):  # a supervisor restarting the trainer
-        loop, bus = make(cfg, redis_server.url, max_deliveries=3)
+        loop, bus = make(cfg, redis_server.url, run, max_deliveries=3)
         await loop.resume()
         try:
             # Bounded: a trainer whose good data was thrown away would wait for data forever.
@@ -103,10 +104,9 @@ async def test_an_incomplete_group_is_dead_lettered_after_the_timeout(
     before = dead_total("incomplete_group")
     half = groups(["g-half"], size=4)[:2]  # 2 of its 4 members ever arrive
     cfg = TrainerConfig(
-        batch=BatchConfig(groups_per_step=1, consume_block_s=0.05, incomplete_group_timeout_s=0.3),
-        max_steps=1,
+        batch=BatchConfig(consume_block_s=0.05, incomplete_group_timeout_s=0.3),
     )
-    loop, bus = make(cfg, redis_server.url)
+    loop, bus = make(cfg, redis_server.url, RunConfig(groups_per_step=1, group_size=4, max_steps=1))
     trained: list[set[str]] = []
     real_train = loop._train
 

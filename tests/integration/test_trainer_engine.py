@@ -17,8 +17,9 @@ import torch
 from inference.client import InferenceClient
 from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.redis_server import free_port
+from searchr1.sections import RunConfig
 from tests.support.inference_server import InferenceServerProcess
-from trainer.backend import LogprobKind
+from trainer.backend import Policy
 from trainer.config import (
     LossConfig,
     ModelConfig,
@@ -28,11 +29,12 @@ from trainer.config import (
 )
 from trainer.dist import DistInfo
 from trainer.hf_backend import HFBackend, load_hf_model
-from trainer.step import build_samples, train_on
+from trainer.step import build_sequences, sequence_logprobs, train_on
 from trainer.weights import WeightPusher
 
 PROMPTS = [[1, 60, 61, 62], [1, 70, 71], [1, 80, 81, 82, 83]]
 CPU = DistInfo(0, 1, 0, torch.device("cpu"))
+RUN = RunConfig(groups_per_step=len(PROMPTS), group_size=2, max_steps=1)  # one step of rollouts()
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +74,11 @@ async def rollouts(client: InferenceClient, seed: int) -> list[Trajectory]:
 
 
 def max_diff(cfg: TrainerConfig, backend: HFBackend, trajs: list[Trajectory]) -> float:
-    samples, _ = build_samples(trajs, cfg)
-    backend.compute_logprobs(samples, LogprobKind.OLD)
+    samples, _, _ = build_sequences(trajs, cfg)
+    olds = sequence_logprobs(samples, backend, Policy.CURRENT, cfg)
     return max(
-        float((s.old_logprobs - s.rollout_logprobs).abs().max())  # type: ignore[operator]
-        for s in samples
+        float((old - s.rollout_logprobs).abs().max())  # type: ignore[operator]
+        for s, old in zip(samples, olds, strict=True)
     )
 
 
@@ -139,18 +141,17 @@ async def test_resume_pushes_the_checkpointed_weights(
         model=ModelConfig(path=str(tiny_model_dir)),
         optim=OptimConfig(lr=1e-2),
         loss=LossConfig(kl_coef=0.0),
-        batch=BatchConfig(groups_per_step=3, consume_block_s=0.1),
+        batch=BatchConfig(consume_block_s=0.1),
         checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt")),
         weight_push=WeightPushConfig(
             mode="disk", engine_urls=[server.url], disk_dir=str(tmp_path / "w")
         ),
-        max_steps=1,
     )
     trajs = await rollouts(client, seed=300)
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
     await bus.publish(trajs)
     trained = HFBackend(load_hf_model(cfg), cfg, CPU)
-    await TrainingLoop(cfg, trained, CPU, bus=bus).run()  # step 1, pushed and checkpointed
+    await TrainingLoop(cfg, trained, CPU, run=RUN, bus=bus).run()  # step 1, pushed and checkpointed
     v1 = (await client.get_model_info())["weight_version"]
 
     # Someone (a lost step) changed the engine's weights: push the initial model instead.
@@ -158,7 +159,7 @@ async def test_resume_pushes_the_checkpointed_weights(
     await WeightPusher(cfg.weight_push).push(other, step=99)
     assert max_diff(cfg, trained, await rollouts(client, seed=400)) > 1e-3
 
-    resumed = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    resumed = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, run=RUN, bus=bus)
     assert await resumed.resume()
     await resumed.run()  # max_steps reached: no training, only the realigning push
     # The engines serve the checkpoint's step again (they used to end one version ahead per
@@ -176,9 +177,8 @@ def loop_config(tiny_model_dir: Path, push: WeightPushConfig) -> TrainerConfig:
         model=ModelConfig(path=str(tiny_model_dir)),
         optim=OptimConfig(lr=1e-2),
         loss=LossConfig(kl_coef=0.0),
-        batch=BatchConfig(groups_per_step=3, consume_block_s=0.1),
+        batch=BatchConfig(consume_block_s=0.1),
         weight_push=push,
-        max_steps=1,
     )
 
 
@@ -201,7 +201,7 @@ async def test_a_failed_push_is_retried_until_the_engine_has_the_step(
     )  # fmt: skip
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
     await bus.publish(await rollouts(client, seed=600))
-    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, run=RUN, bus=bus)
     task = asyncio.create_task(loop.run())
     try:
         while not task.done() and loop.status.step < 1:
@@ -236,7 +236,7 @@ async def test_a_push_that_keeps_failing_stops_the_trainer(
     )  # fmt: skip
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
     await bus.publish(await rollouts(client, seed=700))
-    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, bus=bus)
+    loop = TrainingLoop(cfg, HFBackend(load_hf_model(cfg), cfg, CPU), CPU, run=RUN, bus=bus)
     try:
         with pytest.raises(WeightPushFailed, match="retry_deadline_s"):
             await asyncio.wait_for(loop.run(), timeout=60)
@@ -261,11 +261,11 @@ async def test_an_engine_that_restarted_gets_the_current_weights_again(
             master_port=free_port(), resync_check_s=0.5,
         ),
     )  # fmt: skip
-    cfg.max_steps = 2  # data for one step only: the trainer then waits for rollouts
+    run = RUN.model_copy(update={"max_steps": 2})  # data for one step: then it waits
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
     await bus.publish(await rollouts(client, seed=800))
     backend = HFBackend(load_hf_model(cfg), cfg, CPU)
-    loop = TrainingLoop(cfg, backend, CPU, bus=bus)
+    loop = TrainingLoop(cfg, backend, CPU, run=run, bus=bus)
     engine = InferenceServerProcess(tiny_model_dir, port=port).start()
     task = asyncio.create_task(loop.run())
     try:

@@ -130,7 +130,7 @@ def test_two_rank_fsdp2_matches_one_rank(tmp_path) -> None:  # type: ignore[no-u
 
 @pytest.mark.slow  # ~25 s: two ranks start a full trainer process each
 def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    """`torchrun -m searchr1.cli trainer run` on 2 ranks: rank 0 reads the bus and broadcasts;
+    """`torchrun -m searchr1.stack.cli trainer run` on 2 ranks: rank 0 reads the bus and broadcasts;
     per-step losses equal a 1-process replay of the same groups."""
     import yaml
 
@@ -144,10 +144,9 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
     section = {
         "model": {"path": str(tiny_model_dir)},
         "http": {"port": free_port()},
-        "batch": {"groups_per_step": 1, "consume_block_s": 0.2, "max_tokens_per_microbatch": 16},
+        "batch": {"consume_block_s": 0.2, "max_tokens_per_microbatch": 16},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 2},
         "metrics_jsonl": str(tmp_path / "steps.jsonl"),
-        "max_steps": 3,
     }
     cfg_file = tmp_path / "stack.yaml"
     cfg_file.write_text(
@@ -155,14 +154,14 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
             {
                 "redis": {"url": redis_server.url},
                 "bus": {"consumer": "c"},
-                "orchestrator": {"rollout": {"prompts_per_step": 1}},
+                "run": {"groups_per_step": 1, "group_size": 4, "max_steps": 3},
                 "trainer": section,
             }
         )
     )
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "searchr1.cli", "trainer", "run", "--config", str(cfg_file),
+        "-m", "searchr1.stack.cli", "trainer", "run", "--config", str(cfg_file),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)

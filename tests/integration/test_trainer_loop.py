@@ -88,12 +88,11 @@ class Trainer:
             "redis": {"url": redis_url},
             "bus": {"consumer": CONSUMER, "reclaim_idle_s": 600},
             "logging": {"level": "INFO"},
-            # The stack config ties these together in sync mode.
-            "orchestrator": {"rollout": {"prompts_per_step": 1}},
+            "run": {"groups_per_step": 1, "group_size": GROUP},
             "trainer": {
                 "http": {"port": self.port},
                 "model": {"path": str(model_dir)},
-                "batch": {"groups_per_step": 1, "consume_block_s": 0.2},
+                "batch": {"consume_block_s": 0.2},
                 "optim": {"lr": 1e-4},
                 "loss": {"kl_coef": 0.001},
                 "checkpoint": {"dir": str(self.ckpt), "every_steps": every},
@@ -111,7 +110,7 @@ class Trainer:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with open(self.workdir / "trainer.log", "ab") as log:  # the child keeps its own fd
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "searchr1.cli", "trainer", "run",
+                [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
                  "--config", str(self.config), *extra],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
@@ -205,7 +204,7 @@ def test_a_resume_that_fails_exits_non_zero(tmp_path: Path, tiny_model_dir: Path
         (broken / "state.pt").write_bytes(b"not a checkpoint")
         (trainer.ckpt / "latest").write_text(broken.name)
         done = subprocess.run(
-            [sys.executable, "-m", "searchr1.cli", "trainer", "run",
+            [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
              "--config", str(trainer.config), "--resume"],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -227,7 +226,7 @@ def test_a_second_trainer_on_the_same_run_is_refused(tmp_path: Path, tiny_model_
     try:
         first.start()
         done = subprocess.run(
-            [sys.executable, "-m", "searchr1.cli", "trainer", "run",
+            [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
              "--config", str(second.config)],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

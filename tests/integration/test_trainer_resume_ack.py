@@ -9,7 +9,7 @@ import torch
 
 from searchr1.bus import TrajectoryBus
 from searchr1.redis_server import RedisServer
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.config import BatchConfig, CheckpointConfig, TrainerConfig
 from trainer.dist import DistInfo
@@ -23,9 +23,10 @@ class Crash(Exception):
     pass
 
 
-def make(cfg: TrainerConfig, url: str) -> tuple[TrainingLoop, TrajectoryBus]:
+def make(cfg: TrainerConfig, url: str, max_steps: int) -> tuple[TrainingLoop, TrajectoryBus]:
     bus = TrajectoryBus.from_url(url, BusConfig(consumer="t"))
-    return TrainingLoop(cfg, HFBackend(tiny_qwen2(), cfg, CPU), CPU, bus=bus), bus
+    run = RunConfig(groups_per_step=1, group_size=4, max_steps=max_steps)
+    return TrainingLoop(cfg, HFBackend(tiny_qwen2(), cfg, CPU), CPU, run=run, bus=bus), bus
 
 
 async def test_resume_reacks_checkpoint_receipts(redis_server: RedisServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -33,11 +34,10 @@ async def test_resume_reacks_checkpoint_receipts(redis_server: RedisServer, tmp_
     for t in trajs:
         t.group_size = 4
     cfg = TrainerConfig(
-        batch=BatchConfig(groups_per_step=1, consume_block_s=0.1),
+        batch=BatchConfig(consume_block_s=0.1),
         checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=1),
-        max_steps=1,
     )
-    loop, bus = make(cfg, redis_server.url)
+    loop, bus = make(cfg, redis_server.url, max_steps=1)
     await bus.publish(trajs)
 
     async def crash() -> None:
@@ -50,8 +50,7 @@ async def test_resume_reacks_checkpoint_receipts(redis_server: RedisServer, tmp_
     assert loop.ckpt is not None and loop.ckpt.latest() is not None
     first = {t.trajectory_id for t in trajs if t.group_id == "g0"}
 
-    cfg.max_steps = 3
-    loop2, bus2 = make(cfg, redis_server.url)
+    loop2, bus2 = make(cfg, redis_server.url, max_steps=3)
     trained: list[set[str]] = []
     real_train = loop2._train
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from inference.sglang_launcher import cpu_settings
-from searchr1.local.supervisor import ServiceProcess, ServiceSpec
 from searchr1.redis_server import free_port
+from searchr1.supervisor import ServiceProcess, ServiceSpec
 
 
 class InferenceServerProcess(ServiceProcess):
@@ -41,7 +41,7 @@ class InferenceServerProcess(ServiceProcess):
         self.model_dir = str(model_dir)
         self.port = port or free_port()
         exe = shutil.which("searchr1", path=str(Path(sys.executable).parent))
-        base = [exe] if exe else [sys.executable, "-m", "searchr1.cli"]
+        base = [exe] if exe else [sys.executable, "-m", "searchr1.stack.cli"]
         env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
         if engine == "sglang":
             if not sglang_python:

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
-from searchr1.local.supervisor import ServiceProcess, ServiceSpec
 from searchr1.redis_server import free_port
+from searchr1.supervisor import ServiceProcess, ServiceSpec
 
 
 class RetrieverProcess(ServiceProcess):
@@ -38,7 +38,15 @@ class RetrieverProcess(ServiceProcess):
         super().__init__(ServiceSpec("retriever", [], env=dict(env or {})))
         cfg = self.child.log_path.parent / "config.yaml"
         cfg.write_text(json.dumps({"retriever": config or {}, "logging": {"level": "WARNING"}}))
-        cmd = [sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--config", str(cfg)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "searchr1.stack.cli",
+            "retriever",
+            "serve",
+            "--config",
+            str(cfg),
+        ]
         cmd += ["--port", str(self.port), "--grpc-port", str(self.grpc_port or -1)]
         if index_dir is not None:
             cmd += ["--index", str(index_dir)]

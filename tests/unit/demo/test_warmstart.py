@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from orchestrator.observation import observation_text
-from searchr1.demo.warmstart import DemoSampler, WarmStartConfig, sft
-from searchr1.demo.world import generate_world
+from searchr1.stack.demo.warmstart import DemoSampler, WarmStartConfig, sft
+from searchr1.stack.demo.world import generate_world
 
 
 @pytest.fixture(scope="module")

@@ -125,4 +125,4 @@ def test_every_service_mounts_the_same_config_file() -> None:
 
 def test_cpu_demo_config_loads() -> None:
     cfg = stack.load_with_env({}, stack.DOCKER / "cpu-demo.yaml")
-    assert cfg.orchestrator.rollout.prompts_per_step == cfg.trainer.batch.groups_per_step
+    assert cfg.run.groups_per_step == 4 and cfg.run.max_steps == 50

@@ -16,7 +16,7 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status, new_group
 from orchestrator.search import SearchTool
-from searchr1.cli import app
+from searchr1.stack.cli import app
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2, FakeRetriever
 
@@ -170,7 +170,7 @@ async def test_abort_retries_are_bounded(tokenizer) -> None:  # type: ignore[no-
 
 
 def test_run_rejects_data_too_short_for_the_trainers_steps(tmp_path: Path) -> None:
-    """10 prompts / 4 per step = 2 steps, but the trainer wants 3: it would wait forever."""
+    """10 prompts / 4 per step = 2 steps, but the run wants 3: the trainer would wait forever."""
     rows = tmp_path / "rows.jsonl"
     row = {
         "prompt": [{"role": "user", "content": "q"}],
@@ -179,21 +179,21 @@ def test_run_rejects_data_too_short_for_the_trainers_steps(tmp_path: Path) -> No
     rows.write_text((json.dumps(row) + "\n") * 10)
     stack = {
         "redis": {"url": "redis://127.0.0.1:1/0"},
-        "orchestrator": {"data": {"train_path": str(rows)}, "rollout": {"prompts_per_step": 4}},
-        "trainer": {"max_steps": 3, "batch": {"groups_per_step": 4}},
+        "run": {"groups_per_step": 4, "max_steps": 3},
+        "orchestrator": {"data": {"train_path": str(rows)}},
     }
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(stack))
     result = CliRunner().invoke(app, ["orchestrator", "run", "--config", str(cfg)])
     assert result.exit_code == 2
-    assert "trainer.max_steps 3" in result.output and "orchestrator.epochs" in result.output
+    assert "run.max_steps is 3" in result.output and "orchestrator.epochs" in result.output
 
     from orchestrator.cli import check_enough_data
+    from orchestrator.config import OrchestratorSettings
     from orchestrator.data import load_prompts
-    from searchr1.config import StackConfig
 
     prompts = load_prompts(rows)
-    cfg = StackConfig.model_validate({**stack, "redis": {}})
+    cfg = OrchestratorSettings.model_validate({**stack, "redis": {}})
     check_enough_data(cfg, prompts + prompts[:2])  # 12 prompts: 3 steps, enough
     stack["orchestrator"]["epochs"] = 2  # type: ignore[index]
-    check_enough_data(StackConfig.model_validate({**stack, "redis": {}}), prompts)  # 5 steps
+    check_enough_data(OrchestratorSettings.model_validate({**stack, "redis": {}}), prompts)

@@ -15,7 +15,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
 from searchr1.bus import TrajectoryBus
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, RunConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import TURN1, TURN2, FakeRetriever
 
@@ -25,14 +25,13 @@ PROMPTS = [
 ]
 
 
-def build(tokenizer, bus, engine, validation=None, **over):  # type: ignore[no-untyped-def]
-    cfg = OrchestratorConfig.model_validate(
-        {"rollout": {"group_size": 2, "prompts_per_step": 2}, "weight_poll_s": 0.02, **over}
-    )
+def build(tokenizer, bus, engine, validation=None, max_steps=None, **over):  # type: ignore[no-untyped-def]
+    cfg = OrchestratorConfig.model_validate({"weight_poll_s": 0.02, **over})
     rollout = Rollout(cfg.rollout, engine, SearchTool(FakeRetriever(), cfg.search), tokenizer)
     sampler = PromptSampler(PROMPTS, 2, seed=0, epochs=1)
     return Orchestrator(
         cfg,
+        run=RunConfig(groups_per_step=2, group_size=2, max_steps=max_steps),
         validation=validation,
         rollout=rollout,
         scorer=Scorer(cfg.reward),
@@ -129,7 +128,7 @@ async def test_async_staleness_bound(tokenizer, bus, policy: str) -> None:  # ty
 
 async def test_validation_on_the_fixed_subset(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=0)
-    cfg = OrchestratorConfig.model_validate({"rollout": {"group_size": 1}})
+    cfg = OrchestratorConfig()
     greedy = Rollout(
         cfg.rollout, engine, SearchTool(FakeRetriever(), cfg.search), tokenizer, greedy=True
     )

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from searchr1.cli import app
-from searchr1.config import ConfigError, load_config
+from searchr1.stack.cli import app
+from searchr1.stack.config import ConfigError, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -110,23 +110,42 @@ def test_partial_override_keeps_the_section_defaults(
     assert (http.host, http.port) == ("0.0.0.0", port)
 
 
-def test_sync_mode_needs_matching_batch_sizes(tmp_path: Path) -> None:
-    text = (
-        "orchestrator:\n  mode: sync\n  rollout:\n    prompts_per_step: 16\n"
-        "trainer:\n  batch:\n    groups_per_step: 32\n"
+def test_each_service_loads_its_own_section_and_the_shared_run(tmp_path: Path) -> None:
+    """Orchestrator and trainer read one `run` section: they cannot disagree on the step size.
+    A service skips other services' sections (even invalid ones); the stack checks them all."""
+    from orchestrator.config import OrchestratorSettings
+    from searchr1.settings import load_settings
+    from trainer.config import TrainerSettings
+
+    path = write(
+        tmp_path,
+        "run:\n  groups_per_step: 16\n  group_size: 4\n"
+        "orchestrator:\n  mode: async\n"
+        "trainer:\n  not_a_field: 1\n",
     )
-    with pytest.raises(ConfigError, match=r"prompts_per_step \(16\) must equal .*\(32\)"):
-        load_config(write(tmp_path, text))
-    load_config(write(tmp_path, text.replace("sync", "async")))  # async may differ
+    orch = load_settings(OrchestratorSettings, path)
+    assert (orch.run.groups_per_step, orch.run.group_size, orch.orchestrator.mode) == (
+        16,
+        4,
+        "async",
+    )
+    assert not hasattr(orch, "trainer")
+    with pytest.raises(ConfigError, match=r"trainer\.not_a_field"):
+        load_settings(TrainerSettings, path)
+    with pytest.raises(ConfigError, match=r"trainer\.not_a_field"):
+        load_config(path)
+    # The old per-service copies of the shared numbers are refused, naming the field.
+    old = write(tmp_path, "orchestrator:\n  rollout:\n    prompts_per_step: 16\n")
+    with pytest.raises(ConfigError, match=r"orchestrator\.rollout\.prompts_per_step"):
+        load_settings(OrchestratorSettings, old)
 
 
 def test_backlog_must_hold_the_trainers_unacked_window(tmp_path: Path) -> None:
     """The trainer acks at checkpoints: a smaller bus bound would deadlock the two services."""
     text = (
         "bus:\n  max_backlog: 1000\n"
-        "orchestrator:\n  rollout:\n    group_size: 8\n    prompts_per_step: 16\n"
-        "trainer:\n  batch:\n    groups_per_step: 16\n"
-        "  checkpoint:\n    dir: /tmp/ckpt\n    every_steps: 10\n"
+        "run:\n  group_size: 8\n  groups_per_step: 16\n"
+        "trainer:\n  checkpoint:\n    dir: /tmp/ckpt\n    every_steps: 10\n"
     )
     with pytest.raises(ConfigError, match=r"bus\.max_backlog \(1000\) must be at least 1408"):
         load_config(write(tmp_path, text))

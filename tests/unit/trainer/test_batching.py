@@ -11,7 +11,7 @@ from trainer.attention import use_varlen
 from trainer.batching import (
     build_microbatch,
     plan_microbatches,
-    sample_from_trajectory,
+    sequence_from_trajectory,
     shard_plan,
     split_minibatches,
 )
@@ -34,7 +34,7 @@ def _logprobs(model, samples, idxs, packed, varlen=False):  # type: ignore[no-un
 
 
 def test_packed_equals_unpacked_and_padded(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    samples = [sample_from_trajectory(t)[0] for t in make_batch(2, 3)]
+    samples = [sequence_from_trajectory(t)[0] for t in make_batch(2, 3)]
     idxs = list(range(len(samples)))
     packed, mb = _logprobs(tiny_model, samples, idxs, packed=True)
     padded, _ = _logprobs(tiny_model, samples, idxs, packed=False)
@@ -91,7 +91,7 @@ def test_nonfinite_rollout_logprobs_are_masked() -> None:
         seed=0,
         rollout_logprobs=[-1.0, math.nan, -math.inf],
     )
-    s, bad = sample_from_trajectory(t)
+    s, bad = sequence_from_trajectory(t)
     assert bad == 2
     assert s.loss_mask.tolist() == [1.0, 0.0, 0.0]
     assert torch.isfinite(s.rollout_logprobs).all()

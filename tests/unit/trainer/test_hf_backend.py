@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
-from trainer.backend import LogprobKind
+from trainer.backend import Policy
 from trainer.config import BatchConfig, LossConfig, OptimConfig, TrainerConfig
 from trainer.dist import DistInfo
 from trainer.hf_backend import HFBackend
-from trainer.step import build_samples, train_on
+from trainer.step import build_sequences, sequence_logprobs, train_on
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -31,20 +31,19 @@ def test_step_moves_positive_advantage_logprobs_up() -> None:
     cfg = config()
     backend = HFBackend(tiny_qwen2(), cfg, CPU)
     trajs = make_batch(2, 4)
-    before, _ = build_samples(trajs, cfg)
-    backend.compute_logprobs(before, LogprobKind.OLD)
+    seqs, advantages, _ = build_sequences(trajs, cfg)
+    before = sequence_logprobs(seqs, backend, Policy.CURRENT, cfg)
     metrics = train_on(trajs, backend, cfg)
-    after, _ = build_samples(trajs, cfg)
-    backend.compute_logprobs(after, LogprobKind.OLD)
+    after = sequence_logprobs(seqs, backend, Policy.CURRENT, cfg)
     pos = neg = 0
-    for b, a in zip(before, after, strict=True):
-        m = b.loss_mask > 0
-        delta = float((a.old_logprobs - b.old_logprobs)[m].mean())
-        if b.advantage > 0:
-            assert delta > 0, (b.sample_id, delta)
+    for s, adv, b, a in zip(seqs, advantages.tolist(), before, after, strict=True):
+        m = s.loss_mask > 0
+        delta = float((a - b)[m].mean())
+        if adv > 0:
+            assert delta > 0, (s.sample_id, delta)
             pos += 1
-        elif b.advantage < 0:
-            assert delta < 0, (b.sample_id, delta)
+        elif adv < 0:
+            assert delta < 0, (s.sample_id, delta)
             neg += 1
     assert pos == 4 and neg == 4
     assert metrics["optimizer_steps"] == 1
@@ -158,12 +157,12 @@ def test_degenerate_groups_are_counted_and_optionally_filtered() -> None:
         if t.group_id == "g1":
             t.reward.total = 1.0  # all equal: no signal
     cfg = config()
-    samples, m = build_samples(trajs, cfg)
+    samples, adv, m = build_sequences(trajs, cfg)
     assert m["groups/degenerate"] == 1 and len(samples) == 8
-    assert all(s.advantage == 0.0 for s in samples if s.group_id == "g1")
+    assert all(a == 0.0 for s, a in zip(samples, adv.tolist(), strict=True) if s.group_id == "g1")
     cfg.advantages.filter_degenerate_groups = True
-    samples, m = build_samples(trajs, cfg)
-    assert {s.group_id for s in samples} == {"g0"}
+    samples, adv, m = build_sequences(trajs, cfg)
+    assert {s.group_id for s in samples} == {"g0"} and len(adv) == 4
     assert m["samples"] == 4 and m["reward/mean"] == pytest.approx(0.75)  # stats before filtering
 
 
@@ -187,19 +186,17 @@ def test_warmup_counts_training_steps_not_optimizer_steps() -> None:
     assert reported == pytest.approx([lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0)])
 
 
-@pytest.mark.parametrize("kind", [LogprobKind.OLD, LogprobKind.REF])
-def test_old_and_ref_logprobs_ignore_dropout_after_a_step(kind: LogprobKind) -> None:
+@pytest.mark.parametrize("policy", [Policy.CURRENT, Policy.REFERENCE])
+def test_old_and_ref_logprobs_ignore_dropout_after_a_step(policy: Policy) -> None:
     # Attention dropout 0.5: in train() mode two forwards of the same batch differ.
     cfg = config()
     backend = HFBackend(tiny_qwen2(attention_dropout=0.5), cfg, CPU)
     trajs = make_batch(1, 4)
     train_on(trajs, backend, cfg)
-    attr = "old_logprobs" if kind == LogprobKind.OLD else "ref_logprobs"
     runs = []
     for _ in range(2):
-        samples, _ = build_samples(trajs, cfg)
-        backend.compute_logprobs(samples, kind)
-        runs.append(torch.cat([getattr(s, attr) for s in samples]))
+        samples, _, _ = build_sequences(trajs, cfg)
+        runs.append(torch.cat(sequence_logprobs(samples, backend, policy, cfg)))
     assert torch.equal(runs[0], runs[1]), float((runs[0] - runs[1]).abs().max())
     # One step (one micro-batch each): the old-logprob pass in eval(), the loss pass in train().
     modes: list[bool] = []

@@ -6,7 +6,7 @@ import pytest
 
 from tests.factories import make_trajectory
 from trainer.config import LossConfig, TrainerConfig
-from trainer.step import build_samples
+from trainer.step import build_sequences
 
 
 def group(rewards: list[float], *, failed: set[int]) -> list:  # type: ignore[type-arg]
@@ -23,10 +23,12 @@ def group(rewards: list[float], *, failed: set[int]) -> list:  # type: ignore[ty
 def test_infrastructure_failures_are_left_out_and_counted() -> None:
     # Sample 3 failed (reward 0 only because the retriever was down): without it the group's
     # advantages come from the three healthy samples alone.
-    samples, m = build_samples(group([1.0, 0.0, 1.0, 0.0], failed={3}), TrainerConfig())
+    samples, advantages, m = build_sequences(
+        group([1.0, 0.0, 1.0, 0.0], failed={3}), TrainerConfig()
+    )
     assert sorted(s.sample_id for s in samples) == ["t-0", "t-1", "t-2"]
     assert m["samples/infrastructure_failures"] == 1.0
-    adv = {s.sample_id: s.advantage for s in samples}
+    adv = {s.sample_id: a for s, a in zip(samples, advantages.tolist(), strict=True)}
     mean, std = 2 / 3, (1 / 3) ** 0.5  # unbiased std of [1, 0, 1]
     assert adv["t-0"] == pytest.approx((1 - mean) / (std + 1e-6))
     assert adv["t-1"] == pytest.approx((0 - mean) / (std + 1e-6))
@@ -34,5 +36,5 @@ def test_infrastructure_failures_are_left_out_and_counted() -> None:
 
 def test_they_can_be_trained_on_purpose() -> None:
     cfg = TrainerConfig(loss=LossConfig(train_on_infrastructure_failures=True))
-    samples, m = build_samples(group([1.0, 0.0, 1.0, 0.0], failed={3}), cfg)
+    samples, _, m = build_sequences(group([1.0, 0.0, 1.0, 0.0], failed={3}), cfg)
     assert len(samples) == 4 and m["samples/infrastructure_failures"] == 1.0

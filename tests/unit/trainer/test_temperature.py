@@ -11,24 +11,25 @@ import pytest
 import torch
 
 from tests.unit.trainer.conftest import make_trajectory, tiny_qwen2
-from trainer.backend import LogprobKind
-from trainer.batching import Sample, build_microbatch, sample_from_trajectory
+from trainer.backend import Policy
+from trainer.batching import TrainSequence, build_microbatch, sequence_from_trajectory
 from trainer.config import BatchConfig, LossConfig, TrainerConfig
 from trainer.dist import DistInfo
 from trainer.hf_backend import HFBackend
 from trainer.losses import entropy_from_logits
+from trainer.step import rank_microbatches, sequence_logprobs
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
-def sample(tid: str, temperature: float, seed: int, response_len: int = 7) -> Sample:
+def sample(tid: str, temperature: float, seed: int, response_len: int = 7) -> TrainSequence:
     t = make_trajectory(tid, "g", 0.0, prompt_len=5, response_len=response_len, seed=seed)
     t.temperature = temperature
-    s, _ = sample_from_trajectory(t)
+    s, _ = sequence_from_trajectory(t)
     return s
 
 
-def teacher_forced(model: torch.nn.Module, s: Sample, temperature: float) -> torch.Tensor:
+def teacher_forced(model: torch.nn.Module, s: TrainSequence, temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) of each response token, one sequence alone (no packing)."""
     with torch.no_grad():
         logits = model(torch.tensor([s.input_ids])).logits[0].float()
@@ -56,27 +57,25 @@ def test_sample_temperature_from_trajectory() -> None:
 def test_logprobs_at_07_are_log_softmax_of_logits_over_07() -> None:
     b = backend(kl_coef=0.01)
     [s] = samples = [sample("a", 0.7, seed=1)]
-    b.compute_logprobs(samples, LogprobKind.OLD)
-    b.compute_logprobs(samples, LogprobKind.REF)
+    [old] = sequence_logprobs(samples, b, Policy.CURRENT, b.cfg)
+    [ref] = sequence_logprobs(samples, b, Policy.REFERENCE, b.cfg)
     want = teacher_forced(b.model, s, 0.7)
-    assert s.old_logprobs is not None and s.ref_logprobs is not None
-    torch.testing.assert_close(s.old_logprobs, want, atol=1e-5, rtol=0)
-    torch.testing.assert_close(s.ref_logprobs, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(old, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=0)
     # Temperature 1 would be far off: the check above tells the two apart.
-    assert float((s.old_logprobs - teacher_forced(b.model, s, 1.0)).abs().max()) > 1e-2
+    assert float((old - teacher_forced(b.model, s, 1.0)).abs().max()) > 1e-2
 
 
 def test_hand_checked_logprob_of_one_token() -> None:
     b = backend()
     [s] = samples = [sample("a", 0.7, seed=2, response_len=1)]
-    b.compute_logprobs(samples, LogprobKind.OLD)
+    [old] = sequence_logprobs(samples, b, Policy.CURRENT, b.cfg)
     with torch.no_grad():
         z = b.model(torch.tensor([s.input_ids])).logits[0, s.prompt_len - 1].double()
     target = s.input_ids[s.prompt_len]
     # log p = z_t / T - log(sum_v exp(z_v / T)), written out.
     hand = float(z[target] / 0.7 - torch.log(torch.exp(z / 0.7).sum()))
-    assert s.old_logprobs is not None
-    assert float(s.old_logprobs[0]) == pytest.approx(hand, abs=1e-5)
+    assert float(old[0]) == pytest.approx(hand, abs=1e-5)
 
 
 @pytest.mark.parametrize("packing", [True, False])
@@ -87,16 +86,13 @@ def test_batch_mixing_temperatures_is_right_per_sample(packing: bool) -> None:
         sample("b", 1.3, seed=4, response_len=9),
         sample("c", 0.0, seed=5, response_len=4),  # greedy: temperature 1
     ]
-    b.compute_logprobs(samples, LogprobKind.OLD)
-    for s, temp in zip(samples, (0.7, 1.3, 1.0), strict=True):
-        assert s.old_logprobs is not None
-        torch.testing.assert_close(
-            s.old_logprobs, teacher_forced(b.model, s, temp), atol=1e-5, rtol=0
-        )
+    olds = sequence_logprobs(samples, b, Policy.CURRENT, b.cfg)
+    for s, old, temp in zip(samples, olds, (0.7, 1.3, 1.0), strict=True):
+        torch.testing.assert_close(old, teacher_forced(b.model, s, temp), atol=1e-5, rtol=0)
     mb = build_microbatch(samples, [0, 1, 2], packed=packing)
     assert mb.temperatures.tolist() == pytest.approx([0.7] * 6 + [1.3] * 9 + [1.0] * 4)
     # The plan really packed them into one micro-batch.
-    assert b._plan(samples) == [[0, 1, 2]]
+    assert len(rank_microbatches(samples, b, b.cfg)) == 1
 
 
 def test_entropy_is_of_the_tempered_distribution() -> None:

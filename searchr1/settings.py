@@ -1,52 +1,50 @@
-"""Configuration: one YAML file format with a section per component, env-var overrides.
+"""Loading a service's settings: its own sections plus the shared ones, from one YAML file.
 
-Every component declares its own pydantic model (in its package's `config.py`) and receives only
-that section. `StackConfig` composes them so that one file drives `searchr1 local`, compose and
-the Helm chart alike. Precedence: environment (`SEARCHR1_<SECTION>__<FIELD>`, nested with `__`)
-> YAML file > defaults. Secrets (tokens, API keys) are read from the environment only.
+The stack has one config file format with a section per component. A service loads only what
+it needs: `ServiceSettings` (the shared `run` numbers, logging, Redis, the bus, the admin token)
+plus its own section, declared by a subclass in the service's `config.py`; sections of other
+services in the same file are skipped. The roof's `StackConfig` (`searchr1.stack.config`)
+composes every section and checks the whole file. Precedence: environment
+(`SEARCHR1_<SECTION>__<FIELD>`, nested with `__`) > YAML file > defaults. Secrets (tokens, API
+keys) come from the environment only.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import SecretStr, ValidationError, field_validator, model_validator
+from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from inference.config import InferenceConfig
-from orchestrator.config import OrchestratorConfig
-from retriever.config import RetrieverConfig
-from searchr1.local.config import LocalConfig
-from searchr1.sections import BusConfig, LoggingConfig, RedisConfig
-from trainer.config import TrainerConfig
+from searchr1.sections import BusConfig, LoggingConfig, RedisConfig, RunConfig
 
 ENV_PREFIX = "SEARCHR1_"
+# Keys that hold secrets: allowed from the environment only, never from a config file.
+SECRET_KEYS = {"admin_token"}
 
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names every offending field."""
 
 
-class StackConfig(BaseSettings):
-    """The whole stack's configuration: one section per component."""
+class ServiceSettings(BaseSettings):
+    """What every service reads: the shared sections. Subclasses add their own section."""
 
+    # Other services' sections in the same file (or environment) are not this service's
+    # business: they are skipped here and checked by `searchr1 config validate` / StackConfig.
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
-        extra="forbid",
+        extra="ignore",
         validate_assignment=True,
     )
 
+    run: RunConfig = RunConfig()
     logging: LoggingConfig = LoggingConfig()
     redis: RedisConfig = RedisConfig()
     bus: BusConfig = BusConfig()
-    retriever: RetrieverConfig = RetrieverConfig()
-    inference: InferenceConfig = InferenceConfig()
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    local: LocalConfig = LocalConfig()
     # Shared token for state-changing endpoints (weight updates, cache flush, admin).
     admin_token: SecretStr | None = None
 
@@ -64,40 +62,6 @@ class StackConfig(BaseSettings):
             raise ValueError("has leading or trailing white space (a newline from a file?)")
         return token
 
-    @model_validator(mode="after")
-    def _sync_mode_batches_match(self) -> StackConfig:
-        # In sync mode the orchestrator publishes one step's groups, then waits for the
-        # version the trainer pushes after consuming exactly that many groups: unequal sizes
-        # would make the two wait on each other forever.
-        orch, trainer = self.orchestrator, self.trainer
-        if orch.mode == "sync" and orch.rollout.prompts_per_step != trainer.batch.groups_per_step:
-            raise ValueError(
-                "orchestrator.rollout.prompts_per_step "
-                f"({orch.rollout.prompts_per_step}) must equal trainer.batch.groups_per_step "
-                f"({trainer.batch.groups_per_step}) in sync mode"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _backlog_holds_the_unacked_window(self) -> StackConfig:
-        # The trainer acknowledges trajectories only once a checkpoint holds them, so up to
-        # `checkpoint.every_steps` trained steps stay unacked while it gathers the next one. The
-        # bus blocks publishing at `max_backlog` unacked entries: a smaller bound starves the
-        # trainer of its next step and both wait forever.
-        trainer = self.trainer
-        held = trainer.checkpoint.every_steps if trainer.checkpoint.dir else 0
-        per_step = trainer.batch.groups_per_step * self.orchestrator.rollout.group_size
-        need = (held + 1) * per_step
-        if self.bus.max_backlog < need:
-            raise ValueError(
-                f"bus.max_backlog ({self.bus.max_backlog}) must be at least {need}: "
-                f"(trainer.checkpoint.every_steps {held} + 1) x trainer.batch.groups_per_step "
-                f"{trainer.batch.groups_per_step} x orchestrator.rollout.group_size "
-                f"{self.orchestrator.rollout.group_size}, the trajectories the trainer holds "
-                "unacknowledged until its next checkpoint plus one step"
-            )
-        return self
-
     @classmethod
     def settings_customise_sources(
         cls,
@@ -109,10 +73,6 @@ class StackConfig(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs; the environment must override it.
         return (env_settings, init_settings)
-
-
-# Keys that hold secrets: allowed from the environment only, never from a config file.
-SECRET_KEYS = {"admin_token"}
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
@@ -145,8 +105,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> StackConfig:
-    """Load the stack config from an optional YAML file plus the environment.
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(cls: type[S], path: str | Path | None = None, **overrides: Any) -> S:
+    """Load `cls` from an optional YAML file plus the environment.
 
     `overrides` (section dicts, e.g. from tests) are merged over the file's values.
     Raises ConfigError naming each invalid field.
@@ -159,6 +122,6 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> StackConfig
             data[key] = value
     source = str(path) if path else "environment/defaults"
     try:
-        return StackConfig(**data)
+        return cls(**data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source)) from None

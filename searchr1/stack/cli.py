@@ -20,6 +20,7 @@ from orchestrator.cli import app as orchestrator_app
 from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
 from searchr1.cli_common import ConfigOption, load_or_exit
+from searchr1.stack.config import StackConfig
 from trainer.cli import app as trainer_app
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ app.add_typer(bus_app, name="bus")
 @config_app.command("validate")
 def config_validate(config: ConfigOption = None) -> None:
     """Load the config (file + environment); exit 2 naming each invalid field."""
-    load_or_exit(config)
+    load_or_exit(StackConfig, config)
     typer.echo("config ok")
 
 
@@ -54,14 +55,14 @@ def config_show(config: ConfigOption = None) -> None:
     """Print the whole effective configuration as YAML (secrets masked)."""
     import yaml
 
-    cfg = load_or_exit(config)
+    cfg = load_or_exit(StackConfig, config)
     typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
 
 
 def _bus_from(config: ConfigOption):  # type: ignore[no-untyped-def]
     from searchr1.bus import TrajectoryBus
 
-    cfg = load_or_exit(config)
+    cfg = load_or_exit(StackConfig, config)
     if not cfg.redis.url:
         typer.secho("error: redis.url is not set (SEARCHR1_REDIS__URL)", err=True, fg="red")
         raise typer.Exit(2)
@@ -122,7 +123,7 @@ def _run_supervised(fn: Callable[[], T]) -> T:
     stops its children (no orphans): exit 130; a dead child: its report, exit 1."""
     import signal
 
-    from searchr1.local.supervisor import ChildFailed
+    from searchr1.supervisor import ChildFailed
 
     def on_sigterm(*_: object) -> None:
         raise KeyboardInterrupt
@@ -144,13 +145,13 @@ def local(
     max_steps: int | None = typer.Option(None, min=1, help="Progress bar total (trainer steps)."),
 ) -> None:
     """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
-    from searchr1.local.launcher import run_local
     from searchr1.logs import setup_logging
+    from searchr1.stack.local.launcher import run_local
 
     if config is None:
         typer.secho("error: --config is required (the same file every service reads)", err=True)
         raise typer.Exit(2)
-    cfg = load_or_exit(config)
+    cfg = load_or_exit(StackConfig, config)
     setup_logging("local", cfg.logging.level, json_format=False)
     _run_supervised(lambda: run_local(cfg, config.resolve(), max_steps=max_steps))
 
@@ -172,11 +173,8 @@ def demo(
     ),
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from searchr1.demo.run import DemoConfig, run_demo
     from searchr1.logs import setup_logging
+    from searchr1.stack.demo.run import DemoConfig, run_demo
 
     if engine not in ("torch", "sglang"):
         typer.secho(f"error: --engine must be torch or sglang (got {engine!r})", err=True)
@@ -196,6 +194,15 @@ def demo(
         else DemoConfig(out, seed, rl_steps=steps, **chosen)
     )
     result = _run_supervised(lambda: run_demo(cfg))
+    print_demo_summary(result, out, engine)
+
+
+def print_demo_summary(result: dict[str, float], out: Path, engine: str) -> None:
+    """The demo's before/after table and its last line of key=value pairs (also printed by the
+    compose `cpu` profile's demo-report container)."""
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title="held-out set: before vs after RL")
     for col in ("metric", "warm start", "after GRPO"):
         table.add_column(col)

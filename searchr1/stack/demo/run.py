@@ -26,13 +26,13 @@ from typing import Any
 import yaml
 
 from inference.tiny_model import default_corpus, make_tiny_model
-from searchr1.demo.warmstart import DemoSampler, WarmStartConfig, sft
-from searchr1.demo.world import World, generate_world, write_world
 from searchr1.redis_server import free_port
+from searchr1.stack.demo.warmstart import DemoSampler, WarmStartConfig, sft
+from searchr1.stack.demo.world import World, generate_world, write_world
 
 log = logging.getLogger(__name__)
 
-CONFIG_TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml"
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[3] / "configs" / "demo-cpu.yaml"
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _world_texts(world: World) -> list[str]:
     return [r["contents"] for r in world.corpus_rows()] + [q.question for q in world.questions]
 
 
-def _write_rows(world: World, out: Path) -> dict[str, Path]:
+def write_rows(world: World, out: Path) -> dict[str, Path]:
     from orchestrator.prompt import make_row
 
     out.mkdir(parents=True, exist_ok=True)
@@ -138,14 +138,13 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     data["retriever"]["index_dir"] = str(index_dir.resolve())
     data["inference"]["model_path"] = str(model_dir.resolve())
     data["orchestrator"]["data"]["train_path"] = str(rows["train"].resolve())
-    data["orchestrator"]["max_steps"] = cfg.rl_steps
+    data["run"]["max_steps"] = cfg.rl_steps
     # As many passes over the training questions as the RL steps need (else the trainer would
     # wait for steps the data cannot give: the orchestrator refuses to start).
     n_train = len(rows["train"].read_text().splitlines())
-    per_step = data["orchestrator"]["rollout"]["prompts_per_step"]
+    per_step = data["run"]["groups_per_step"]
     data["orchestrator"]["epochs"] = math.ceil(cfg.rl_steps * per_step / n_train)
     data["trainer"]["model"]["path"] = str(model_dir.resolve())
-    data["trainer"]["max_steps"] = cfg.rl_steps
     data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")
     data["trainer"]["checkpoint"]["export_dir"] = str(out / "model-trained")
     data["trainer"]["metrics_jsonl"] = str(out / "train_metrics.jsonl")
@@ -183,9 +182,9 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     """
     from orchestrator.data import load_prompts
     from orchestrator.wiring import evaluate_served
-    from searchr1.config import load_config
-    from searchr1.local.launcher import build_specs
-    from searchr1.local.supervisor import Supervisor
+    from searchr1.stack.config import load_config
+    from searchr1.stack.local.launcher import build_specs
+    from searchr1.supervisor import Supervisor
 
     cfg = load_config(stack)
     cfg.local.services = ["retriever", "inference"]
@@ -197,7 +196,7 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     sup.start()
     try:
         prompts = load_prompts(data, limit)
-        result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts))
+        result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
     finally:
         sup.stop()
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -238,8 +237,8 @@ def summary_row(result: dict[str, Any]) -> dict[str, float]:
 
 def run_demo(cfg: DemoConfig) -> dict[str, float]:
     from retriever.build import BuildConfig, build_index
-    from searchr1.config import load_config
-    from searchr1.local.launcher import run_local
+    from searchr1.stack.config import load_config
+    from searchr1.stack.local.launcher import run_local
 
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +247,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
     cfg = replace(cfg, warm_start=replace(cfg.warm_start, topk=topk))
     world = generate_world(cfg.seed, n_people=cfg.n_people)
     files = write_world(world, cfg.out_dir / "world")
-    rows = _write_rows(world, cfg.out_dir / "data")
+    rows = write_rows(world, cfg.out_dir / "data")
     # MiniLM was trained without e5's "query: "/"passage: " prefixes.
     index_dir = cfg.out_dir / "index"
     build_index(files["corpus"], index_dir, BuildConfig(query_prefix="", passage_prefix=""))
@@ -262,6 +261,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
 
     b, a = summary_row(before), summary_row(after)
     plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
+    return summarize(b, a, time.monotonic() - start)
+
+
+def summarize(b: dict[str, float], a: dict[str, float], wall_s: float) -> dict[str, float]:
+    """The demo's result (its last line): `summary_row` before and after RL, and the wall time."""
     return {
         "em_before": b["em"],
         "em_after": a["em"],
@@ -271,5 +275,5 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
         "searches_per_question": a["searches"],
         "response_length_before": b["length"],
         "response_length_after": a["length"],
-        "wall_s": time.monotonic() - start,
+        "wall_s": wall_s,
     }

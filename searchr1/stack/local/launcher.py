@@ -20,9 +20,9 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from searchr1.config import StackConfig
-from searchr1.local.supervisor import ServiceSpec, Supervisor
 from searchr1.redis_server import RedisServer
+from searchr1.stack.config import StackConfig
+from searchr1.supervisor import ServiceSpec, Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from searchr1.local.supervisor import RestartPolicy
 from searchr1.sections import Section
+from searchr1.supervisor import RestartPolicy
 
 
 class LocalConfig(Section):

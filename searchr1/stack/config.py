@@ -1,0 +1,54 @@
+"""The whole stack's configuration: every section of the one YAML file, checked together.
+
+Services load only their own section plus the shared ones (`searchr1.settings`); this class
+composes them all so that one file drives `searchr1 local`, compose and the Helm chart alike,
+and `searchr1 config validate` refuses a file with a typo in any section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import SettingsConfigDict
+
+from inference.config import InferenceSettings
+from orchestrator.config import OrchestratorSettings
+from retriever.config import RetrieverSettings
+from searchr1.settings import (
+    ENV_PREFIX,
+    SECRET_KEYS,
+    ConfigError,
+    format_validation_error,
+    load_settings,
+    read_yaml,
+)
+from searchr1.stack.local.config import LocalConfig
+from trainer.config import TrainerSettings
+
+__all__ = [
+    "ENV_PREFIX",
+    "SECRET_KEYS",
+    "ConfigError",
+    "StackConfig",
+    "format_validation_error",
+    "load_config",
+    "read_yaml",
+]
+
+
+class StackConfig(RetrieverSettings, InferenceSettings, OrchestratorSettings, TrainerSettings):
+    """Every service's settings at once (each checks its own fields against `run`)."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    local: LocalConfig = LocalConfig()
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> StackConfig:
+    """Load the stack config from an optional YAML file plus the environment.
+
+    `overrides` (section dicts, e.g. from tests) are merged over the file's values.
+    Raises ConfigError naming each invalid field.
+    """
+    return load_settings(StackConfig, path, **overrides)
