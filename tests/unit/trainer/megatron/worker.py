@@ -1,0 +1,137 @@
+"""Run under torchrun by the Megatron tests: the Megatron backend against the HF backend.
+
+Megatron-Core keeps global process-group state and the CPU shims patch `torch.cuda`, so every
+Megatron check runs in its own processes, never in the pytest process. Each rank builds the
+same tiny random Qwen2 (seeded), an HF backend alone (world size 1) as the reference, and the
+Megatron backend over all ranks; a failed check raises (non-zero exit). Rank 0 writes the
+measured differences as JSON to argv[-1].
+
+    torchrun --nproc-per-node N worker.py TP PP TIED OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parents[1])]
+
+from conftest import make_batch, tiny_qwen2  # noqa: E402
+
+from trainer.backend import Policy  # noqa: E402
+from trainer.batching import build_microbatch, sequence_from_trajectory  # noqa: E402
+from trainer.config import TrainerConfig  # noqa: E402
+from trainer.dist import DistInfo  # noqa: E402
+from trainer.losses import LossTerms  # noqa: E402
+
+TOL = 1e-5
+
+
+def hf_reference(model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """Per sequence, one at a time: log_softmax(logits / T)[target] and the entropy."""
+    lps, ents = [], []
+    with torch.no_grad():
+        for s in seqs:
+            logits = model(torch.tensor([s.input_ids])).logits[0].float() / s.temperature
+            rows = logits[s.prompt_len - 1 : s.length - 1]
+            logp = torch.log_softmax(rows, -1)
+            lps.append(logp.gather(-1, torch.tensor(s.input_ids[s.prompt_len :])[:, None])[:, 0])
+            ents.append(-(logp.exp() * logp).sum(-1))
+    return lps, ents
+
+
+def main() -> None:
+    tp, pp, tied, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    from trainer.hf_backend import HFBackend
+    from trainer.megatron.backend import MegatronBackend
+
+    cfg = TrainerConfig(
+        backend="megatron",
+        megatron={"tp": tp, "pp": pp},
+        optim={"lr": 1e-3, "grad_clip": 1.0},
+        loss={"kl_coef": 0.01, "entropy_coef": 0.01},
+        batch={"max_tokens_per_microbatch": 48},
+    )
+    hf = tiny(tied)
+    cpu = torch.device("cpu")
+    meg = MegatronBackend(
+        {k: v.clone() for k, v in hf.state_dict().items()},
+        hf.config,
+        cfg,
+        DistInfo(rank, world, rank, cpu),
+    )
+    ref = HFBackend(hf, cfg, DistInfo(0, 1, 0, cpu))
+    trajs = make_batch(n_groups=2, group_size=4, seed=1)
+    for k, t in enumerate(trajs):
+        t.temperature = (0.7, 1.0, 1.3)[k % 3]
+    seqs = [sequence_from_trajectory(t)[0] for t in trajs]
+    diffs: dict[str, float] = {}
+
+    # Logprobs and entropy: packed micro-batches (3 sequences per row), this DP rank's share.
+    plan = [list(range(i, min(i + 3, len(seqs)))) for i in range(0, len(seqs), 3)]
+    mine = plan[meg.dp_rank :: meg.dp_size]
+    mbs = [build_microbatch(seqs, idxs, packed=True) for idxs in mine]
+    want_lp, want_ent = hf_reference(ref.model, seqs)
+    for policy in (Policy.CURRENT, Policy.REFERENCE):
+        got = meg.logprobs(mbs, policy)
+        for mb, lp in zip(mbs, got, strict=True):
+            want = torch.cat([want_lp[i] for i in mb.samples])
+            diffs[f"logprobs_{policy}"] = max(
+                diffs.get(f"logprobs_{policy}", 0.0), float((lp - want).abs().max())
+            )
+    ents: list[torch.Tensor] = []
+
+    def record(mb, logp, entropy):  # type: ignore[no-untyped-def]
+        ents.append(entropy.detach())
+        return LossTerms(loss=(logp * 0).sum() + entropy.sum() * 0, metrics={})
+
+    meg.forward_backward(mbs, record, entropy_grad=True)
+    if ents:  # the last pipeline stage
+        for mb, ent in zip(mbs, ents, strict=True):
+            want = torch.cat([want_ent[i] for i in mb.samples])
+            diffs["entropy"] = max(diffs.get("entropy", 0.0), float((ent - want).abs().max()))
+
+    # One GRPO step of the real core on both backends: the same metrics and weights.
+    from trainer.step import train_on
+
+    got_m = train_on(trajs, meg, cfg)
+    want_m = train_on(trajs, ref, cfg)
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        if key in want_m:
+            diffs[f"metric_{key}"] = abs(got_m[key] - want_m[key])
+    got_w = dict(meg.named_tensors())
+    if rank == 0:
+        want_w = {k: v for k, v in ref.model.state_dict().items()}
+        assert set(got_w) == set(want_w), set(got_w) ^ set(want_w)
+        diffs["weights"] = max(float((got_w[k] - want_w[k]).abs().max()) for k in want_w)
+        moved = max(float((got_w[k] - hf_w).abs().max()) for k, hf_w in _initial(tied).items())
+        diffs["weights_moved"] = moved
+        Path(out).write_text(json.dumps(diffs))
+    bad = {k: v for k, v in diffs.items() if k != "weights_moved" and not v <= TOL}
+    if bad:
+        raise SystemExit(f"rank {rank}: differences above {TOL}: {bad}")
+
+
+def tiny(tied: bool):  # type: ignore[no-untyped-def]
+    model = tiny_qwen2()
+    if not tied:
+        return model
+    from transformers import Qwen2ForCausalLM
+
+    model.config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(model.config)
+
+
+def _initial(tied: bool) -> dict[str, torch.Tensor]:
+    return dict(tiny(tied).state_dict())
+
+
+if __name__ == "__main__":
+    main()
