@@ -19,12 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The repo root instead of bench/ (a bench/<name>.py must not shadow a stdlib module).
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from inference.tiny_model import make_tiny_model
-from tests.support.fuzz_http import FuzzReport, fuzz_service, summary_line
-from tests.support.fuzz_targets import SERVICES, fuzz_targets
+from inference.tiny_model import make_tiny_model  # noqa: E402
+from tests.support.fuzz_http import FuzzReport, fuzz_service, summary_line  # noqa: E402
+from tests.support.fuzz_targets import SERVICES, fuzz_targets  # noqa: E402
 
 
 def main() -> int:
