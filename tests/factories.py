@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Literal
 
 from protos.trajectory import SCHEMA_VERSION, FinishReason, Trajectory
 
@@ -11,13 +12,24 @@ def make_trajectory(
     trajectory_id: str = "t-0",
     *,
     group_id: str = "g-0",
+    reward: float = 1.0,
     response_len: int = 12,
     prompt_len: int = 6,
     seed: int = 0,
+    vocab: int = 2000,
+    observation: tuple[int, int] | None = (4, 8),
+    rollout_logprobs: list[float] | Literal["random"] | None = "random",
+    temperature: float = 0.7,
 ) -> Trajectory:
-    """A trajectory with every field set, observation spans included (loss mask 0)."""
+    """A valid trajectory with every field set; response tokens in `observation` (a half-open
+    range) are retrieved text (loss mask 0). `rollout_logprobs=None`: none recorded."""
     rng = random.Random(seed)
-    mask = [0 if 4 <= i < 8 else 1 for i in range(response_len)]
+    mask = [
+        0 if observation and observation[0] <= i < observation[1] else 1
+        for i in range(response_len)
+    ]
+    if rollout_logprobs == "random":
+        rollout_logprobs = [-rng.random() if m else 0.0 for m in mask]
     traj = Trajectory(
         schema_version=SCHEMA_VERSION,
         trajectory_id=trajectory_id,
@@ -26,20 +38,20 @@ def make_trajectory(
         group_size=8,
         data_source="nq",
         prompt_id="nq/train/17",
-        prompt_token_ids=[rng.randrange(2000) for _ in range(prompt_len)],
-        response_token_ids=[rng.randrange(2000) for _ in range(response_len)],
+        prompt_token_ids=[rng.randrange(vocab) for _ in range(prompt_len)],
+        response_token_ids=[rng.randrange(vocab) for _ in range(response_len)],
         loss_mask=bytes(mask),
-        rollout_logprobs=[-rng.random() if m else 0.0 for m in mask],
-        has_rollout_logprobs=True,
+        rollout_logprobs=rollout_logprobs or [0.0] * response_len,
+        has_rollout_logprobs=rollout_logprobs is not None,
         weight_version=7,
         max_weight_version=8,
         finish_reason=FinishReason.FINISH_REASON_ANSWERED,
         error="",
         gold_answers=["Paris", "paris, france"],
         rollout_step=41,
-        temperature=0.7,
+        temperature=temperature,
     )
-    traj.reward.total = 1.0
+    traj.reward.total = reward
     traj.reward.components["em"] = 1.0
     traj.reward.components["format"] = 0.2
     turn = traj.turns.add()

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from protos.trajectory import SCHEMA_VERSION, Trajectory
+from protos.trajectory import Trajectory
+from tests import factories
 
 VOCAB = 128
 
@@ -43,23 +44,20 @@ def make_trajectory(
     observation: tuple[int, int] | None = None,
     rollout_logprobs: list[float] | None = None,
 ) -> Trajectory:
-    rng = random.Random(seed)
-    mask = [1] * response_len
-    if observation:
-        for i in range(*observation):
-            mask[i] = 0
-    t = Trajectory(
-        schema_version=SCHEMA_VERSION,
-        trajectory_id=tid,
+    """The shared builder with the trainer tests' defaults: ids within the tiny vocabulary,
+    no observation span, no rollout logprobs, temperature 1 (an unset field)."""
+    return factories.make_trajectory(
+        tid,
         group_id=group,
-        prompt_token_ids=[rng.randrange(VOCAB) for _ in range(prompt_len)],
-        response_token_ids=[rng.randrange(VOCAB) for _ in range(response_len)],
-        loss_mask=bytes(mask),
-        rollout_logprobs=rollout_logprobs or [0.0] * response_len,
-        has_rollout_logprobs=rollout_logprobs is not None,
+        reward=reward,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        seed=seed,
+        vocab=VOCAB,
+        observation=observation,
+        rollout_logprobs=rollout_logprobs,
+        temperature=0.0,
     )
-    t.reward.total = reward
-    return t
 
 
 def make_batch(n_groups: int = 2, group_size: int = 4, seed: int = 0) -> list[Trajectory]:
