@@ -11,6 +11,7 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from orchestrator.rewards import ShapedScores
+from orchestrator.rollout_log import RolloutLogConfig
 from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
 
@@ -143,9 +144,15 @@ class OrchestratorConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout_log: RolloutLogConfig = Field(default_factory=RolloutLogConfig)
+    ui: bool = Field(
+        default=False, description="Serve the run inspector at /ui (over rollout_log.run_dir)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
+        if self.ui and not self.rollout_log.run_dir:
+            raise ValueError("ui needs rollout_log.run_dir (the run directory it shows)")
         if self.rollout.max_tokens_per_turn > self.rollout.max_response_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_response_tokens")
         if self.eval_every_steps is not None and not self.data.val_path:

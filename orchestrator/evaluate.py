@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator.config import OrchestratorConfig
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
+from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
 
@@ -23,8 +24,12 @@ async def evaluate(
     *,
     run_id: str,
     concurrency: int = 64,
+    rollout_log: RolloutLog | None = None,
+    label: str = "evaluation",
+    step: int = -1,
 ) -> dict[str, Any]:
-    """One greedy sample per prompt; scores are means per data source plus the overall mean."""
+    """One greedy sample per prompt; scores are means per data source plus the overall mean.
+    With a rollout log, every sample is logged under `label` (the inspector's compare page)."""
     scorer = Scorer(cfg.reward)
     sem = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
@@ -42,8 +47,11 @@ async def evaluate(
             await scorer.score_group([s])
             return s
 
-    samples = await asyncio.gather(*(one(p) for p in prompts))
-    return summarize(list(samples), time.perf_counter() - start)
+    samples = list(await asyncio.gather(*(one(p) for p in prompts)))
+    result = summarize(samples, time.perf_counter() - start)
+    if rollout_log is not None:
+        await rollout_log.log_eval(samples, result, label=label, step=step)
+    return result
 
 
 def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:

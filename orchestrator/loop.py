@@ -30,6 +30,7 @@ from orchestrator.data import PromptSampler
 from orchestrator.evaluate import evaluate
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
+from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
 from orchestrator.trajectory import to_trajectory
@@ -62,6 +63,7 @@ class Orchestrator:
         bus: Bus,
         sampler: PromptSampler,
         validation: tuple[Rollout, list[Prompt]] | None = None,
+        rollout_log: RolloutLog | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_cfg = run
@@ -71,6 +73,7 @@ class Orchestrator:
         self.bus = bus
         self.sampler = sampler
         self.validation = validation  # (greedy rollout, the fixed validation subset)
+        self.rollout_log = rollout_log  # sampled trajectories for `searchr1 inspect`
         self.last_eval: dict[str, Any] = {}
         self.prefix = f"searchr1:orchestrator:{run.id}"
         # The bus's deadline: one knob for how long any Redis call waits out an outage.
@@ -180,7 +183,15 @@ class Orchestrator:
         if self.validation is None or every is None or (self.step % every and not final):
             return
         rollout, prompts = self.validation
-        result = await evaluate(self.cfg, rollout, prompts, run_id=self.run_cfg.id)
+        result = await evaluate(
+            self.cfg,
+            rollout,
+            prompts,
+            run_id=self.run_cfg.id,
+            rollout_log=self.rollout_log,
+            label=f"step {self.step}",
+            step=self.step,
+        )
         for source, scores in result["per_source"].items():
             for m in ("em", "sub_em", "f1"):
                 metrics.EVAL_SCORE.labels(source, m).set(scores[m])
@@ -198,6 +209,8 @@ class Orchestrator:
         summary["step"] = float(step)
         self.last_summary = summary
         log.info("step done", extra=summary)
+        if self.rollout_log is not None:
+            await self.rollout_log.log_step(step, samples, summary)
         return summary
 
     async def _run_group(self, step: int, prompt: Prompt) -> list[Sample]:

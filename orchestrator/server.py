@@ -1,10 +1,12 @@
-"""The orchestrator's HTTP layer: /health, /ready, /metrics, /status over the rollout loop."""
+"""The orchestrator's HTTP layer: /health, /ready, /metrics, /status over the rollout loop,
+and the run inspector at /ui when `ui` is on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,7 +20,9 @@ from searchr1.service import create_service_app, uvicorn_server
 log = logging.getLogger(__name__)
 
 
-def create_app(clients: Clients, state: dict[str, Any]) -> FastAPI:
+def create_app(
+    clients: Clients, state: dict[str, Any], *, ui_run_dir: str | None = None
+) -> FastAPI:
     async def engine_ready() -> str:
         info = await clients.engine.get_model_info()
         return f"weight_version {info['weight_version']}"
@@ -60,6 +64,10 @@ def create_app(clients: Clients, state: dict[str, Any]) -> FastAPI:
             "last_eval": orch.last_eval if orch else {},
         }
 
+    if ui_run_dir is not None:
+        from inspector.server import create_app as create_inspector
+
+        app.mount("/ui", create_inspector(Path(ui_run_dir)))
     return app
 
 
@@ -67,7 +75,8 @@ async def serve(cfg: OrchestratorConfig, run: RunConfig, redis_url: str, bus_cfg
     """Run the loop with its HTTP endpoints; exit status 0 when all steps are done."""
     clients = make_clients(cfg, redis_url, bus_cfg)
     state: dict[str, Any] = {}
-    server = uvicorn_server(create_app(clients, state), cfg.http)
+    ui = cfg.rollout_log.run_dir if cfg.ui else None
+    server = uvicorn_server(create_app(clients, state, ui_run_dir=ui), cfg.http)
 
     async def loop() -> None:
         try:

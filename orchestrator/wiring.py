@@ -19,6 +19,7 @@ from orchestrator.data import PromptSampler, load_prompts, validation_subset
 from orchestrator.evaluate import evaluate
 from orchestrator.loop import Orchestrator
 from orchestrator.rollout import Rollout
+from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
@@ -145,6 +146,9 @@ async def build_orchestrator(
         cfg,
         run=run,
         validation=validation,
+        rollout_log=RolloutLog(cfg.rollout_log, rollout.tokenizer)
+        if cfg.rollout_log.run_dir
+        else None,
         rollout=rollout,
         scorer=scorer,
         engine=clients.engine,
@@ -170,7 +174,17 @@ async def evaluate_served(
     clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
         rollout, info = await connect_rollout(orch, clients, greedy=True)
-        result = await evaluate(orch, rollout, prompts, run_id=run_id, concurrency=concurrency)
+        log_ = RolloutLog(orch.rollout_log, rollout.tokenizer) if orch.rollout_log.run_dir else None
+        label = f"{Path(str(info.get('model_path', ''))).name} v{info.get('weight_version')}"
+        result = await evaluate(
+            orch,
+            rollout,
+            prompts,
+            run_id=run_id,
+            concurrency=concurrency,
+            rollout_log=log_,
+            label=label,
+        )
         result["weight_version"] = info.get("weight_version")
         result["model_path"] = info.get("model_path")
         return result
