@@ -69,18 +69,17 @@ def batch(n: int, vocab: int, seed: int = 0) -> list[Trajectory]:
 
 
 def model(hidden: int, layers: int, vocab: int):  # type: ignore[no-untyped-def]
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
+
+    from inference.tiny_model import qwen2_config
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
+    cfg = qwen2_config(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=hidden * 4,
-        num_hidden_layers=layers,
-        num_attention_heads=max(hidden // 64, 1),
-        num_key_value_heads=max(hidden // 128, 1),
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
+        num_layers=layers,
+        num_heads=max(hidden // 64, 1),
+        num_kv_heads=max(hidden // 128, 1),
     )
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg)

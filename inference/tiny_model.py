@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SEARCH_R1_TAGS = [
@@ -138,6 +139,35 @@ def _train_tokenizer(texts: Iterable[str], vocab_size: int):  # type: ignore[no-
     return tok
 
 
+def qwen2_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 4096,
+    tie_word_embeddings: bool = False,
+    **extra: Any,
+) -> Any:
+    """A small Qwen2 configuration (MLP 4x wide unless given): the demo's model, test and
+    benchmark models."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        **extra,
+    )
+
+
 def make_tiny_model(
     out_dir: Path,
     *,
@@ -152,7 +182,7 @@ def make_tiny_model(
 ) -> Path:
     """Write a tiny Qwen2 model + tokenizer to `out_dir` (created) and return it."""
     import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,13 +200,12 @@ def make_tiny_model(
     tokenizer.save_pretrained(out_dir)
 
     heads = max(1, hidden_size // 16)
-    config = Qwen2Config(
+    config = qwen2_config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 4,
-        num_hidden_layers=num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=max(1, heads // 2),
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

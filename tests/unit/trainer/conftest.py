@@ -15,19 +15,20 @@ VOCAB = 128
 
 def tiny_qwen2(seed: int = 0, **overrides: object):  # type: ignore[no-untyped-def]
     """`overrides` go to `Qwen2Config` (e.g. attention_dropout, use_sliding_window)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
+
+    from inference.tiny_model import qwen2_config
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
+    cfg = qwen2_config(
         vocab_size=VOCAB,
         hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
-        **overrides,  # type: ignore[arg-type]
+        intermediate_size=128,
+        **overrides,
     )
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg)
