@@ -4,6 +4,8 @@
     python3 dev.py demo [ARGS...]   # the main job: the local end-to-end demo
     python3 dev.py test [ARGS...]   # lint, generated-code check and the test suite (what CI runs)
     python3 dev.py sglang [ARGS...] # the contract tests against a real SGLang 0.5.21 (CI too)
+    python3 dev.py compose [ARGS]   # the demo in containers: images built, `docker compose
+                                    # --profile cpu up`, result checked, `down -v` (CI too)
     python3 dev.py setup            # only create/update the environment
 
 Only the Python standard library is used here, so it runs before anything is installed.
@@ -212,8 +214,13 @@ def run_demo(args: list[str]) -> int:
     return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=env)
 
 
+def run_compose(args: list[str]) -> int:
+    """docker/compose_run.py: engine, images, the compose `cpu` profile run and checked."""
+    return _run([sys.executable, ROOT / "docker" / "compose_run.py", *args], cwd=ROOT)
+
+
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "sglang", "setup"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "sglang", "setup", "compose"}:
         print(__doc__)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
@@ -224,6 +231,8 @@ def main() -> int:
         return run_demo(rest)
     if command == "sglang":
         return run_sglang_tests(rest)
+    if command == "compose":
+        return run_compose(rest)
     return 0
 
 

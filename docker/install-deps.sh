@@ -1,13 +1,33 @@
 #!/bin/sh
 # Create /opt/venv and install searchr1's dependencies (not the package itself), so that editing
 # source code does not invalidate this cached layer. Shared by every Dockerfile.
+#   sh install-deps.sh          the venv with the dependencies
+#   sh install-deps.sh wheel    the searchr1 wheel of /src into /wheels (same pip settings)
 #
 # torch: a base image that already has it (PyTorch CUDA, SGLang) keeps its own build: the venv
 # sees the base's packages (--system-site-packages) and torch is pinned to that version, so pip
 # never pulls a second multi-GB torch. On a plain Python base, torch comes from TORCH_INDEX (the
-# CPU wheels by default), pinned by constraints.txt.
+# CPU wheels by default), pinned by constraints.txt, and no CUDA wheel may follow it.
+#
+# Optional build inputs (empty = pip's defaults): PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
+# PIP_TRUSTED_HOST (pip reads them from the environment), and CA certificates in
+# /usr/local/share/ca-certificates (copied from docker/ca-certificates/ by the Dockerfiles).
 set -eu
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+# An empty PIP_* variable is not "unset" to pip (PIP_INDEX_URL="" is an empty index URL).
+for name in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST; do
+    eval "[ -n \"\${$name:-}\" ] || unset $name"
+done
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    update-ca-certificates >/dev/null
+fi
+# pip's own certifi bundle lacks locally added CAs: use the system bundle when there is one.
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
+if [ "${1:-}" = wheel ]; then
+    exec /opt/venv/bin/pip --disable-pip-version-check --no-input wheel --no-deps -w /wheels /src
+fi
 
 # Debian/Ubuntu system Pythons (e.g. in the SGLang image) may lack ensurepip: fall back to virtualenv.
 python3 -m venv --system-site-packages /opt/venv 2>/dev/null || {
@@ -17,12 +37,28 @@ python3 -m venv --system-site-packages /opt/venv 2>/dev/null || {
     python3 -m virtualenv --system-site-packages /opt/venv
 }
 PIP="/opt/venv/bin/pip --disable-pip-version-check --no-input"
+cpu_torch=0
 if /opt/venv/bin/python -c "import torch" 2>/dev/null; then
     /opt/venv/bin/python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' \
         > /tmp/pins.txt
 else
+    cpu_torch=1
     cp /src/constraints.txt /tmp/pins.txt
-    $PIP install -c /tmp/pins.txt --index-url "$TORCH_INDEX" torch
+    # --no-deps: TORCH_INDEX may serve torch alone (a local mirror); its dependencies come from
+    # the package index in the next step, which sees torch installed and resolves them.
+    $PIP install -c /tmp/pins.txt --no-deps --index-url "$TORCH_INDEX" torch
 fi
 /opt/venv/bin/python /src/docker/requirements.py /src/pyproject.toml > /tmp/requirements.txt
 $PIP install -c /tmp/pins.txt -r /tmp/requirements.txt
+
+if [ "$cpu_torch" = 1 ]; then
+    if $PIP list --format=freeze | grep -i '^nvidia-\|^triton=='; then
+        echo "install-deps.sh: CUDA wheels above were installed into a CPU image" >&2
+        exit 1
+    fi
+    # What a CPU runtime never loads: C++ headers, torch's own tests and test binaries
+    # (about 190 MB). torch_shm_manager stays (tensor sharing between processes).
+    site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    rm -rf "$site/torch/include" "$site/torch/test"
+    find "$site/torch/bin" -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} +
+fi

@@ -1,16 +1,30 @@
-# syntax=docker/dockerfile:1.7
 # searchr1 trainer: GRPO from the trajectory bus, checkpoints, weight pushes to the engines
 # (NCCL on GPU). Based on the PyTorch CUDA image, whose torch is reused (never re-downloaded).
 # Multi-node: the Helm chart runs `torchrun --no-python ... searchr1 trainer run` in this image.
 #   docker build -f docker/trainer.Dockerfile -t searchr1/trainer .
 # A CPU image (the compose `cpu` profile): --build-arg BASE_IMAGE=python:3.11-slim-bookworm
+# Built by the engine's own BuildKit (DOCKER_BUILDKIT=1 or buildx): no `# syntax=` line, so no
+# frontend image is fetched from a registry. Everything above the service's ENV lines is the
+# same in all four Dockerfiles: on one base the images share every layer (one venv on disk).
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS deps
+# Optional: a torch index (a mirror, or a local PEP 503 folder), pip's index settings.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_TRUSTED_HOST=
+COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
+# Dependencies first (cached until pyproject.toml or constraints.txt change), then the code.
 COPY pyproject.toml constraints.txt /src/
 COPY docker/install-deps.sh docker/requirements.py /src/docker/
-RUN --mount=type=cache,target=/root/.cache/pip TORCH_INDEX=${TORCH_INDEX} sh /src/docker/install-deps.sh
+RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh
+
+FROM deps AS wheel
+# (build arguments are per stage: pip's settings again, for the build backend's download)
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_TRUSTED_HOST=
 COPY README.md /src/
 COPY searchr1 /src/searchr1
 COPY protos /src/protos
@@ -18,14 +32,25 @@ COPY retriever /src/retriever
 COPY inference /src/inference
 COPY orchestrator /src/orchestrator
 COPY trainer /src/trainer
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /src
+RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh wheel
 
 FROM ${BASE_IMAGE}
-RUN (getent group 10001 || groupadd --gid 10001 searchr1) \
+COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
+# `sglang-python` runs the base image's interpreter (where sglang and sglang-router live),
+# whatever its path; elsewhere it is simply unused. A fixed numeric uid: Kubernetes'
+# runAsNonRoot can only verify a numeric USER.
+RUN printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /usr/local/bin/sglang-python \
+    && chmod 755 /usr/local/bin/sglang-python \
+    && if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then update-ca-certificates; fi \
+    && (getent group 10001 || groupadd --gid 10001 searchr1) \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/searchr1 searchr1 \
-    && mkdir -p /index /corpus /models /data /checkpoints \
-    && chown 10001:10001 /index /corpus /models /data /checkpoints
-COPY --from=build /opt/venv /opt/venv
+    && mkdir -p /index /corpus /models /data /checkpoints /runs \
+    && chown 10001:10001 /index /corpus /models /data /checkpoints /runs
+# The venv (1 GB+) is one layer that changes only with the dependencies; the code is a small
+# layer on top, so a code edit never ships a new venv.
+COPY --from=deps /opt/venv /opt/venv
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
 COPY docker/healthcheck.py /opt/searchr1/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

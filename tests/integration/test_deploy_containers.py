@@ -115,7 +115,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tmp = tmp_path_factory.mktemp("deploy-engine")
     model = make_tiny_model(tmp / "tiny")
     log = tmp / "inference.log"
-    r = _start("inference-cpu", {"/models/tiny": str(model)}, log)
+    r = _start("inference-cpu", {"/models/warm": str(model)}, log)
     try:
         _wait_healthy(r, log)
         yield r

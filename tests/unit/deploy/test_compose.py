@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -123,6 +124,80 @@ def test_every_service_mounts_the_same_config_file() -> None:
             assert any(m["target"] == c.env[stack.config_file_env()] for m in mounts), name
 
 
-def test_cpu_demo_config_loads() -> None:
+def test_every_image_can_come_from_elsewhere() -> None:
+    """A site without Docker Hub names its own images: Redis, every base, every service."""
+    for name, svc in SERVICES.items():
+        assert svc["image"].startswith("${"), f"{name}: image {svc['image']} is hard-coded"
+        build = svc.get("build")
+        if build:
+            base = build["args"]["BASE_IMAGE"]
+            assert re.fullmatch(r"\$\{SEARCHR1_\w+_IMAGE:-[^}]+\}", base), (name, base)
+            for arg in ("TORCH_INDEX", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
+                assert build["args"][arg].startswith("${SEARCHR1_"), (name, arg)
+            assert build["network"].startswith("${SEARCHR1_BUILD_NETWORK"), name
+
+
+def test_build_args_are_the_dockerfiles_arguments() -> None:
+    for name, svc in SERVICES.items():
+        if "build" in svc:
+            text = (stack.ROOT / svc["build"]["dockerfile"]).read_text()
+            declared = set(re.findall(r"^ARG (\w+)", text, re.M))
+            assert set(svc["build"]["args"]) <= declared, name
+
+
+def test_one_shot_containers_have_no_health_check() -> None:
+    """They inherit the image's HEALTHCHECK otherwise, and show "unhealthy" once they exit 0."""
+    for name, svc in SERVICES.items():
+        if svc.get("restart") == "no":
+            assert svc["healthcheck"] == {"disable": True}, name
+
+
+def test_cpu_profile_is_the_demo() -> None:
+    """Setup, evaluation before, GRPO, report after: in this order, by the compose conditions."""
+
+    def waits_for(name: str) -> dict[str, str]:
+        return {d: c["condition"] for d, c in (SERVICES[name].get("depends_on") or {}).items()}
+
+    assert waits_for("retriever")["demo-setup"] == "service_completed_successfully"
+    assert waits_for("inference-cpu")["demo-setup"] == "service_completed_successfully"
+    assert waits_for("demo-eval-before") == {
+        "retriever": "service_healthy", "inference-cpu": "service_healthy"}  # fmt: skip
+    assert waits_for("orchestrator")["demo-eval-before"] == "service_completed_successfully"
+    assert waits_for("demo-report") == {"trainer-cpu": "service_completed_successfully"}
+    # The engine serves, and the trainer trains, the model demo-setup warm-started.
+    setup = SERVICES["demo-setup"]["command"]
+    warm = setup[setup.index("--model") + 1]
+    assert SERVICES["inference-cpu"]["command"][-2:] == ["--model", warm]
+    assert SERVICES["trainer-cpu"]["command"][-2:] == ["--model", warm]
     cfg = stack.load_with_env({}, stack.DOCKER / "cpu-demo.yaml")
-    assert cfg.run.groups_per_step == 4 and cfg.run.max_steps == 50
+    assert cfg.trainer.model.path == cfg.inference.model_path == warm
+    # What the report reads is on the volume the others write.
+    assert cfg.trainer.metrics_jsonl.startswith("/runs/")
+    for name in ("demo-setup", "demo-eval-before", "trainer-cpu", "demo-report"):
+        assert "runs:/runs" in SERVICES[name]["volumes"], name
+
+
+def test_demo_steps_parse_with_their_commands() -> None:
+    import contextlib
+    import io
+
+    from searchr1.stack.demo import containers
+
+    for name in ("demo-setup", "demo-report"):
+        svc = SERVICES[name]
+        assert svc["entrypoint"] == ["python", "-m", "searchr1.stack.demo.containers"]
+        with (
+            mock.patch.object(containers, "setup") as setup,
+            mock.patch.object(containers, "report") as report,
+        ):
+            containers.main(svc["command"])
+        assert (setup if name == "demo-setup" else report).called
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        containers.main(["setup", "--no-such-flag"])
+    ctx = stack.check_cli(SERVICES["demo-eval-before"]["command"])
+    assert str(ctx.params["data"]) == "/data/test.jsonl"
+
+
+def test_env_file_is_ignored_by_git() -> None:
+    ignored = (stack.ROOT / ".gitignore").read_text().splitlines()
+    assert ".env" in ignored
