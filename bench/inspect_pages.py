@@ -1,6 +1,6 @@
 """Inspector page render times in headless Chromium (the browser's own performance timing).
 
-    python bench/inspect.py [--tokens 8000] [--searches 4] [--steps 1000] [--repeats 5]
+    python bench/inspect_pages.py [--tokens 8000] [--searches 4] [--steps 1000] [--repeats 5]
 
 Builds a run directory through the real writers: one trajectory of about `--tokens` response
 tokens with `--searches` searches (the trajectory page), and a `--steps`-step run (trainer
@@ -14,25 +14,21 @@ The last line is key=value pairs.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# This file shares its name with the standard library's `inspect`, which Python would import
-# from here: take the script's folder off the path before anything imports it.
-sys.path.pop(0)  # bench/, where `python bench/inspect.py` put it
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from inspector.server import create_app
-from tests.browser.conftest import ARGS, CHROMIUM
-from tests.support.inspector_run import (
+# The repo root instead of bench/ (a bench/<name>.py must not shadow a module or package).
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from inspector.server import create_app  # noqa: E402
+from tests.browser.conftest import ARGS, CHROMIUM  # noqa: E402
+from tests.support.inspector_run import (  # noqa: E402
     ServerThread,
     WordTokenizer,
     long_trajectory_run,
