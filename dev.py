@@ -179,7 +179,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+def ensure_chromium() -> None:
+    """Debian's chromium for the browser tests (tests/browser): installed with apt when missing
+    and running as root (CI is). Without it those tests skip, saying why."""
+    if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
+        return
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
+        print("dev.py: no chromium, the browser tests will skip (apt-get install -y chromium)")
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        if _run(cmd, env=env) != 0:
+            print("dev.py: installing chromium failed; the browser tests will skip", flush=True)
+            return
+
+
 def run_tests(args: list[str]) -> int:
+    ensure_chromium()
     py = str(_bin("python"))
     env = _env()
     for cmd in (

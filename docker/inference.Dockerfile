@@ -36,6 +36,7 @@ COPY retriever /src/retriever
 COPY inference /src/inference
 COPY orchestrator /src/orchestrator
 COPY trainer /src/trainer
+COPY inspector /src/inspector
 RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh wheel
 
 FROM ${BASE_IMAGE}

@@ -16,6 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import typer
 
 from inference.cli import app as inference_app
+from inspector.cli import inspect_command
 from orchestrator.cli import app as orchestrator_app
 from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
@@ -36,6 +37,7 @@ app.add_typer(orchestrator_app, name="orchestrator")
 app.add_typer(trainer_app, name="trainer")
 app.add_typer(data_app, name="data")
 app.command("eval")(eval_command)
+app.command("inspect")(inspect_command)
 
 config_app = typer.Typer(help="Inspect and validate the stack configuration.", no_args_is_help=True)
 bus_app = typer.Typer(help="Inspect the trajectory bus (Redis streams).", no_args_is_help=True)
@@ -217,6 +219,7 @@ def print_demo_summary(result: dict[str, float], out: Path, engine: str) -> None
         table.add_row(label, f"{before:.3f}", f"{after:.3f}")
     Console().print(table)
     typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
+    typer.echo(f"see the rollouts and curves: searchr1 inspect {out}")
     typer.echo(" ".join(f"{k}={v:.3f}" for k, v in result.items()) + f" engine={engine}")
 
 

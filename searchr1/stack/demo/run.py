@@ -148,6 +148,7 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")
     data["trainer"]["checkpoint"]["export_dir"] = str(out / "model-trained")
     data["trainer"]["metrics_jsonl"] = str(out / "train_metrics.jsonl")
+    data["orchestrator"]["rollout_log"] = {"run_dir": str(out)}  # what `searchr1 inspect` shows
     data["local"]["log_dir"] = str(out / "logs")
     data["local"]["redis_dir"] = str(out / "redis")
     # Free ports, and every URL derived from them: the demo never collides with a server
