@@ -4,6 +4,8 @@
 const Inspector = (() => {
   const base = document.body.dataset.base || "";
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
+  // Steps are integers: no tick at step 1.5.
+  const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000];
 
   function chartSize(el) {
     return { width: Math.max(el.clientWidth - 8, 240), height: 180 };
@@ -13,12 +15,16 @@ const Inspector = (() => {
     const opts = {
       title: panel.title,
       ...chartSize(el),
-      scales: { x: { time: false } },
+      scales: {
+        x: { time: false },
+        // A flat series (a KL of 0) gets a small range around it, not uPlot's 0..100.
+        y: { range: (u, min, max) => (min === max ? [min - 1, max + 1] : uPlot.rangeNum(min, max, 0.1, true)) },
+      },
       series: [{ label: "step" }].concat(panel.labels.map((label, i) => ({
         label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
         points: { show: panel.data[0].length < 60 },
       }))),
-      axes: [{ label: "step" }, { size: 60 }],
+      axes: [{ label: "step", incrs: STEP_INCRS }, { size: 60 }],
       legend: { live: true },
     };
     return new uPlot(opts, panel.data, el);

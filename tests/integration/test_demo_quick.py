@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.engines import sglang_python
+from tests.support.inspector_run import check_inspector_pages
 
 
 @pytest.mark.timeout(900)
@@ -59,6 +60,10 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str) -> None:
     )
     assert after["model_path"].endswith("model-trained")
     assert (out / "demo.png").stat().st_size > 1000
+    # The run inspector over this run: the command is printed, every page of it answers.
+    assert f"searchr1 inspect {out}" in proc.stdout
+    seen = check_inspector_pages(out)
+    assert seen["steps"] == 2 and seen["evaluations"] == 2 and seen["trajectories"] > 16
 
     from transformers import AutoModelForCausalLM
 

@@ -311,3 +311,31 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def check_inspector_pages(run_dir: Path) -> dict[str, int]:
+    """Every inspector page over `run_dir` answers 200, and each logged trajectory's page shows
+    one observation span per run of zeros in its loss mask; returns what it counted."""
+    import pyarrow.parquet as pq
+    from fastapi.testclient import TestClient
+
+    from inspector.server import create_app
+    from orchestrator.rollout_log import mask_runs
+
+    client = TestClient(create_app(run_dir))
+    for url in ("/", "/api/curves", "/trajectories", "/compare"):
+        assert client.get(url).status_code == 200, url
+    counts = {"steps": 0, "trajectories": 0, "evaluations": 0}
+    for step_file in sorted((run_dir / "rollouts" / "train").glob("step-*.parquet")):
+        step = int(step_file.stem.removeprefix("step-"))
+        assert client.get(f"/steps/{step}").status_code == 200, step
+        counts["steps"] += 1
+    for f in sorted((run_dir / "rollouts").glob("*/*.parquet")):
+        counts["evaluations"] += f.parent.name == "eval"
+        for row in pq.read_table(f, columns=["trajectory_id", "loss_mask"]).to_pylist():
+            page = client.get(f"/t/{f.parent.name}/{f.stem}/{row['trajectory_id']}")
+            assert page.status_code == 200, row["trajectory_id"]
+            zero_runs = sum(1 for v, _, _ in mask_runs(row["loss_mask"]) if v == 0)
+            assert page.text.count('class="span obs" data-a=') == zero_runs
+            counts["trajectories"] += 1
+    return counts
