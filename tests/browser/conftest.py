@@ -64,7 +64,9 @@ def page(browser: Any) -> Iterator[Any]:
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
             if m.type == "error" else None)  # fmt: skip
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
+    # An aborted request is a navigation leaving a page mid-fetch (the overview's polling).
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}")
+            if "ERR_ABORTED" not in (r.failure or "") else None)  # fmt: skip
     page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
             if r.status >= 400 else None)  # fmt: skip
     page.problems = problems  # type: ignore[attr-defined]
