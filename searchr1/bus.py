@@ -82,6 +82,32 @@ class BusUnavailable(RedisUnavailable):
     """Redis stayed unreachable for longer than `reconnect_timeout_s`."""
 
 
+class Fenced(RuntimeError):
+    """An ack refused by Redis: this consumer no longer holds the lease it was fenced with."""
+
+
+# Ack only while the lease key still holds our token (checked and acked in one atomic script):
+# a trainer paused past its lease must not ack what the new holder will train again.
+# KEYS: lease, done set, stream; ARGV: token, now, retention_s, group, n_tids, tids..., ids...
+_FENCED_ACK_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v or cjson.decode(v)['token'] ~= ARGV[1] then
+  return redis.error_reply('FENCED the trainer lease is no longer ours')
+end
+local now = tonumber(ARGV[2])
+local n = tonumber(ARGV[5])
+for i = 1, n do
+  redis.call('ZADD', KEYS[2], now, ARGV[5 + i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+for i = 6 + n, #ARGV do
+  redis.call('XACK', KEYS[3], ARGV[4], ARGV[i])
+  redis.call('XDEL', KEYS[3], ARGV[i])
+end
+return n
+"""
+
+
 class Receipt(NamedTuple):
     """What `ack` needs; small enough to store in a checkpoint."""
 
@@ -160,6 +186,8 @@ class TrajectoryBus:
         self._claim_cursor = "0-0"
         self._group_ready = False
         self._publish_script = client.register_script(_PUBLISH_LUA)
+        self._fenced_ack_script = client.register_script(_FENCED_ACK_LUA)
+        self.fence: tuple[str, str] | None = None  # (lease key, token) that acks require
         self.retry = RedisRetry("bus", config.reconnect_timeout_s, error=BusUnavailable)
 
     @classmethod
@@ -169,6 +197,10 @@ class TrajectoryBus:
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+    def fence_with(self, lease_key: str, token: str) -> None:
+        """From now on an ack goes through only while `lease_key` holds `token` (RedisLease)."""
+        self.fence = (lease_key, token)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -525,6 +557,22 @@ class TrajectoryBus:
 
     async def _ack_entries(self, entry_ids: list[str], tids: list[str]) -> None:
         now = time.time()
+        if self.fence is not None:
+            key, token = self.fence
+            args = [token, now, self.config.dedup_retention_s, self.group, len(tids)]
+
+            async def fenced() -> None:
+                try:
+                    await self._fenced_ack_script(
+                        keys=[key, self.done_key, self.stream], args=[*args, *tids, *entry_ids]
+                    )
+                except ResponseError as e:
+                    if "FENCED" in str(e):
+                        raise Fenced(f"ack refused: {key} {str(e).partition(' ')[2]}") from None
+                    raise
+
+            await self._retrying("ack", fenced)
+            return
 
         async def run() -> None:
             async with self.redis.pipeline(transaction=True) as pipe:

@@ -45,6 +45,8 @@ def create_app(loop: TrainingLoop, bus: TrajectoryBus, *, resume: bool) -> FastA
             log.error("another trainer is training this run", extra={"error": str(e)})
             app.state.exit_code = 1
             raise
+        # Acks are fenced by the lease token: Redis refuses them once the lease is another's.
+        bus.fence_with(lease.key, lease.token)
         keeper = asyncio.create_task(lease.keep(), name="trainer-lease")
         keeper.add_done_callback(_on_lease_lost(app))
         if resume:

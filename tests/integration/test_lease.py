@@ -31,3 +31,34 @@ async def test_one_holder_at_a_time_and_takeover_after_expiry(redis_server) -> N
         await a.acquire()
     finally:
         await r.aclose()
+
+
+async def test_acks_are_fenced_by_the_lease_token(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """A trainer that lost its lease (paused past the TTL) must not ack work it trained: the
+    new holder trains it again. Redis itself rejects the late ack, not the old trainer."""
+    from searchr1.bus import Fenced, TrajectoryBus
+    from searchr1.sections import BusConfig
+    from tests.factories import make_trajectory
+
+    publisher = TrajectoryBus.from_url(redis_server.url, BusConfig())
+    old = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="old"))
+    try:
+        await publisher.publish([make_trajectory("t-0"), make_trajectory("t-1")])
+        got = await old.consume(10, block=0.5)
+        assert len(got) == 2
+        lease = RedisLease(old.redis, f"{old.stream}:trainer-lease", ttl_s=0.3)
+        await lease.acquire()
+        old.fence_with(lease.key, lease.token)
+        await asyncio.sleep(0.5)  # paused past its TTL ...
+        newer = RedisLease(old.redis, lease.key, ttl_s=5)
+        await newer.acquire()  # ... and another trainer took over
+        with pytest.raises(Fenced, match="lease"):
+            await old.ack(got)
+        assert await publisher.pending_count() == 2  # nothing acked: the new holder gets them
+        assert await publisher.backlog() == 2
+        old.fence_with(newer.key, newer.token)  # the holder's acks go through
+        assert await old.ack(got) == 2
+        assert await publisher.backlog() == 0
+    finally:
+        await publisher.close()
+        await old.close()
