@@ -46,6 +46,7 @@ LOCAL_REDIS_IMAGE = "searchr1-local/redis:7-bookworm"
 # The four images and the services of the `cpu` profile that must turn healthy.
 SERVERS = ("redis", "retriever", "inference-cpu", "orchestrator", "trainer-cpu")
 FINAL = "demo-report"
+TORCH_INDEX_PORT = int(os.environ.get("SEARCHR1_TORCH_INDEX_PORT", "47311"))
 PLUGIN_PACKAGES = {"compose": "docker-compose", "buildx": "docker-buildx"}  # Debian trixie
 
 
@@ -311,7 +312,11 @@ def torch_index() -> Iterator[dict[str, str]]:
         href = wheel.name.replace("+", "%2B")
         (project / "index.html").write_text(f'<html><body><a href="{href}">{wheel.name}</a>\n')
         handler = functools.partial(_QuietHandler, directory=tmp)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:  # a fixed port: the URL is a build argument, part of the layer cache's key
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", TORCH_INDEX_PORT), handler)
+        except OSError:
+            log(f"port {TORCH_INDEX_PORT} is taken: the dependency layer is rebuilt")
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         log(f"serving {wheel} as a PEP 503 index on 127.0.0.1:{server.server_port}")
         try:
@@ -474,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch_index() as torch_env:
             env = compose_env({**images, **torch_env})
             run(compose("build"), "docker compose --profile cpu build", env=env, cwd=ROOT)
+        # Images the rebuild replaced (and the one-shot services' duplicate tags) hold nothing
+        # but old layers: without this a CI machine keeps a venv per dependency change.
+        quiet(["docker", "image", "prune", "--force", "--filter", "label=searchr1.image"])
         numbers = {"build_s": time.monotonic() - t}
         if not args.no_run:
             numbers |= run_stack(env, args)

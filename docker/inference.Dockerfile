@@ -64,6 +64,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     SEARCHR1_INFERENCE__HTTP__HOST=0.0.0.0 \
     SEARCHR1_INFERENCE__SGLANG__PYTHON=/usr/local/bin/sglang-python \
     SEARCHR1_INFERENCE__SGLANG__ROUTER_PYTHON=/usr/local/bin/sglang-python
+LABEL searchr1.image=inference
 USER 10001:10001
 WORKDIR /home/searchr1
 EXPOSE 30000

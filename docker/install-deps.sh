@@ -56,9 +56,10 @@ if [ "$cpu_torch" = 1 ]; then
         echo "install-deps.sh: CUDA wheels above were installed into a CPU image" >&2
         exit 1
     fi
-    # What a CPU runtime never loads: C++ headers, torch's own tests and test binaries
-    # (about 190 MB). torch_shm_manager stays (tensor sharing between processes).
+    # What a CPU runtime never loads: C++ headers, torch's test binaries, and every package's
+    # own test suite (about 310 MB). torch_shm_manager stays (tensor sharing between processes).
     site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     rm -rf "$site/torch/include" "$site/torch/test"
     find "$site/torch/bin" -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} +
+    find "$site" -depth -type d -name tests -exec rm -rf {} +
 fi

@@ -58,6 +58,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     SEARCHR1_TRAINER__HTTP__HOST=0.0.0.0
+LABEL searchr1.image=trainer
 USER 10001:10001
 WORKDIR /home/searchr1
 # 8200: HTTP (health, metrics); 29500: torchrun rendezvous; 29600: the weight-update group.

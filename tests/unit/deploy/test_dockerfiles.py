@@ -101,7 +101,7 @@ def test_builds_without_a_registry_frontend(path: Path) -> None:
 def _layers(path: Path) -> list[tuple[str, str]]:
     """The instructions that make filesystem layers (or feed them), with BASE_IMAGE's default
     left out: equal lists mean equal layers on the same base."""
-    metadata = {"ENV", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"}
+    metadata = {"ENV", "LABEL", "USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"}
     return [
         (ins, rest)
         for ins, rest in stack.parse_dockerfile(path, final_stage_only=False).instructions
