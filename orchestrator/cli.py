@@ -64,8 +64,18 @@ def run(
     data: Annotated[
         Path | None, typer.Option(help="Training rows (overrides data.train_path).")
     ] = None,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Forget an earlier run with the same run.id (its Redis markers) and start over.",
+        ),
+    ] = False,
 ) -> None:
-    """Roll out groups step by step and publish them to the bus; exits 0 when done."""
+    """Roll out groups step by step and publish them to the bus; exits 0 when done.
+
+    A restart continues the run named by `run.id`; a run id that belongs to a finished run or
+    to other data/batch sizes is refused (exit 1) unless `--fresh`."""
     from orchestrator.data import DataError, load_prompts
     from orchestrator.hooks import HookError
     from orchestrator.scoring import Scorer
@@ -98,7 +108,7 @@ def run(
             )
     except (HookError, DataError) as e:
         raise _fail(str(e)) from None
-    raise typer.Exit(asyncio.run(serve(orch, cfg.run, cfg.redis.url, cfg.bus)))
+    raise typer.Exit(asyncio.run(serve(orch, cfg.run, cfg.redis.url, cfg.bus, fresh=fresh)))
 
 
 @data_app.command("prepare")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import Any, Protocol
@@ -49,6 +50,10 @@ class Bus(Protocol):
     config: BusConfig
 
     async def publish(self, trajectories: list[Any]) -> list[str]: ...
+
+
+class RunIdInUse(RuntimeError):
+    """`run.id` names a run in Redis that this one must not silently continue."""
 
 
 class Orchestrator:
@@ -92,17 +97,61 @@ class Orchestrator:
     # Every call is retried while Redis is down (RedisRetry): a blip must not kill the process
     # with every in-flight sample. All of them are idempotent, so a retry is harmless.
 
-    async def restore(self) -> None:
-        """Resume: the next step and the base weight version (set once, on the first start)."""
+    def run_record(self) -> dict[str, Any]:
+        """What makes a run this run: a restart with the same values continues it."""
+        d = self.cfg.data
+        return {
+            "train_path": d.train_path,
+            "max_prompts": d.max_prompts,
+            "seed": d.seed,
+            "shuffle": d.shuffle,
+            "epochs": self.cfg.epochs,
+            "groups_per_step": self.run_cfg.groups_per_step,
+            "group_size": self.run_cfg.group_size,
+        }
+
+    async def forget(self) -> None:
+        """Delete this run id's markers (`--fresh`): the next start is a new run."""
+        keys = [f"{self.prefix}:{k}" for k in ("base_version", "step", "published", "record")]
+        await self.redis_retry.call("forget", lambda: self.bus.redis.delete(*keys))
+        log.warning("forgot the run's markers", extra={"run_id": self.run_cfg.id})
+
+    async def restore(self, last_step: int | None = None) -> None:
+        """Resume: the next step and the base weight version (set once, on the first start).
+
+        Raises RunIdInUse for a run id that belongs to another run (other data or batch sizes)
+        or that has nothing left to roll out (`last_step` reached: a new run reusing the id)."""
         r = self.bus.redis
         version = await self.engine_version()
+        record = json.dumps(self.run_record(), sort_keys=True)
 
-        async def read() -> tuple[Any, Any]:
+        async def read() -> tuple[Any, Any, Any]:
             await r.set(f"{self.prefix}:base_version", version, nx=True)
-            return await r.get(f"{self.prefix}:base_version"), await r.get(f"{self.prefix}:step")
+            await r.set(f"{self.prefix}:record", record, nx=True)
+            return (
+                await r.get(f"{self.prefix}:base_version"),
+                await r.get(f"{self.prefix}:step"),
+                await r.get(f"{self.prefix}:record"),
+            )
 
-        base, step = await self.redis_retry.call("restore", read)
+        base, step, stored = await self.redis_retry.call("restore", read)
         self.base_version, self.step = int(base), int(step or 0)
+        how = "set a new run.id, or pass --fresh to forget the old run's markers"
+        if stored is not None and json.loads(stored) != json.loads(record):
+            old = json.loads(stored)
+            diff = ", ".join(
+                f"{k}: {old.get(k)!r} -> {v!r}"
+                for k, v in self.run_record().items()
+                if old.get(k) != v
+            )
+            raise RunIdInUse(
+                f"run.id {self.run_cfg.id!r} is a run with other settings ({diff}): {how}"
+            )
+        if last_step is not None and self.step >= last_step:
+            raise RunIdInUse(
+                f"run.id {self.run_cfg.id!r} has already rolled out all its {self.step} steps "
+                f"(a new run reusing the id would publish nothing): {how}"
+            )
         if self.step:
             log.info("resuming", extra={"step": self.step, "base_version": self.base_version})
 
@@ -160,14 +209,17 @@ class Orchestrator:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Run steps until the data (or `run.max_steps`) is used up."""
+    async def run(self, *, fresh: bool = False) -> None:
+        """Run steps until the data (or `run.max_steps`) is used up; `fresh` first forgets an
+        earlier run with the same id."""
         self.running = True
-        await self.restore()
+        if fresh:
+            await self.forget()
         last = self.sampler.num_steps
         if self.run_cfg.max_steps is not None:
             last = min(last, self.run_cfg.max_steps)
         try:
+            await self.restore(last)
             while self.step < last:
                 await self.maybe_validate()
                 await self.run_step(self.step)

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from orchestrator.config import OrchestratorConfig
-from orchestrator.loop import Orchestrator
+from orchestrator.loop import Orchestrator, RunIdInUse
 from orchestrator.wiring import Clients, build_orchestrator, make_clients
 from searchr1.sections import BusConfig, RunConfig
 from searchr1.service import create_service_app, uvicorn_server
@@ -71,7 +71,14 @@ def create_app(
     return app
 
 
-async def serve(cfg: OrchestratorConfig, run: RunConfig, redis_url: str, bus_cfg: BusConfig) -> int:
+async def serve(
+    cfg: OrchestratorConfig,
+    run: RunConfig,
+    redis_url: str,
+    bus_cfg: BusConfig,
+    *,
+    fresh: bool = False,
+) -> int:
     """Run the loop with its HTTP endpoints; exit status 0 when all steps are done."""
     clients = make_clients(cfg, redis_url, bus_cfg)
     state: dict[str, Any] = {}
@@ -82,8 +89,11 @@ async def serve(cfg: OrchestratorConfig, run: RunConfig, redis_url: str, bus_cfg
         try:
             orch = await build_orchestrator(cfg, run, clients)
             state["orchestrator"] = orch
-            await orch.run()
+            await orch.run(fresh=fresh)
             state["done"] = True
+        except RunIdInUse as e:  # a usage error: the message says what to do
+            state["error"] = str(e)
+            log.error(str(e))
         except Exception as e:
             state["error"] = f"{type(e).__name__}: {e}"
             log.exception("rollout loop failed")

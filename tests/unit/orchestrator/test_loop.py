@@ -215,3 +215,28 @@ async def test_sync_mode_regenerates_what_a_restarted_engine_generated(tokenizer
         t = d.trajectory
         assert t.weight_version == 6 and all(turn.weight_version == 6 for turn in t.turns)
     assert metrics.STALE_REGENERATED._value.get() > regen_before
+
+
+async def test_a_new_run_refuses_an_existing_run_id(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    """A finished run's markers made a new run with the same run.id publish nothing (every
+    group "already published") while its trainer waited forever; a run with other data or
+    batch sizes mixed into the old one's markers. Both are refused; a crash restart resumes."""
+    from orchestrator.loop import RunIdInUse
+
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
+    await build(tokenizer, bus, engine, mode="async", max_steps=1).run()
+    # The same run, restarted with one more step (a crash restart or a longer run): resumes.
+    resumed = build(tokenizer, bus, engine, mode="async", max_steps=2)
+    await resumed.run()
+    assert resumed.step == 2
+    # Started again with nothing left to roll out: refused, naming the run and the way out.
+    with pytest.raises(RunIdInUse, match=r"run\.id 'run' .*already rolled out .* --fresh"):
+        await build(tokenizer, bus, engine, mode="async", max_steps=2).run()
+    # Other data or batch sizes under the same id: refused, naming what differs.
+    other = build(tokenizer, bus, engine, mode="async", max_steps=3, epochs=2)
+    with pytest.raises(RunIdInUse, match=r"epochs"):
+        await other.run()
+    # --fresh forgets the old run's markers and starts over.
+    fresh = build(tokenizer, bus, engine, mode="async", max_steps=1, epochs=2)
+    await fresh.run(fresh=True)
+    assert fresh.step == 1
