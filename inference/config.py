@@ -32,6 +32,13 @@ class TorchEngineConfig(Section):
     weight_group_timeout_s: float = Field(
         default=600.0, gt=0, description="Timeout of collectives on the weight-update group."
     )
+    pause_lease_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A pause (pause_generation) lasts this long after the last weight-update "
+        "call, then the engine resumes by itself and drops a half-received push: a trainer "
+        "that died mid-push must not leave it paused for good.",
+    )
 
 
 class SglangConfig(Section):

@@ -49,6 +49,10 @@ STEP_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
 )
 REJECTED = Counter("searchr1_inference_rejected_total", "Rejected generate requests", ["reason"])
+PAUSE_EXPIRED = Counter(
+    "searchr1_inference_pause_leases_expired_total",
+    "Pauses that ran out without a continue_generation (the trainer vanished mid-push)",
+)
 
 PAUSE_MODES = ("abort", "in_place", "retract")
 
@@ -96,6 +100,8 @@ class TorchEngine:
         self._commands: deque[tuple[Callable[[], Any], CommandResult]] = deque()
         self._batch = RunningBatch(self.device)
         self._paused = False
+        self._pause_deadline = 0.0  # monotonic; renewed by every weight-update call
+        self.pause_leases_expired = 0
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
@@ -170,6 +176,7 @@ class TorchEngine:
 
         def do() -> None:
             self._paused = True
+            self._renew_pause()
             if mode == "abort":
                 self._abort_all("aborted by pause_generation")
             elif mode == "retract":
@@ -186,6 +193,26 @@ class TorchEngine:
             self._paused = False
 
         await self.run_command(do)
+
+    async def renew_pause(self) -> None:
+        """The trainer is alive: keep a pause for another `pause_lease_s`."""
+        await self.run_command(self._renew_pause)
+
+    def _renew_pause(self) -> None:
+        self._pause_deadline = time.monotonic() + self.cfg.pause_lease_s
+
+    def _expire_pause(self) -> None:
+        """Scheduler thread: the pause ran out without a continue; resume and drop the push."""
+        self._paused = False
+        self.pause_leases_expired += 1
+        PAUSE_EXPIRED.inc()
+        dropped = self.weights.session is not None
+        self.weights.session = None
+        self._session_version = None
+        log.warning(
+            "pause lease expired: resuming generation (the trainer vanished mid-push?)",
+            extra={"pause_lease_s": self.cfg.pause_lease_s, "dropped_open_push": dropped},
+        )
 
     async def flush_cache(self) -> None:
         # No prefix cache to drop: the per-request KV lives only while a request runs.
@@ -204,13 +231,19 @@ class TorchEngine:
 
     async def begin_weight_update(self) -> None:
         """Open a weight-update session (SGLang's protocol around distributed updates)."""
-        await self.run_command(self.weights.begin_session)
+
+        def do() -> None:
+            self._renew_pause()
+            self.weights.begin_session()
+
+        await self.run_command(do)
 
     async def end_weight_update(self) -> int:
         """Close the session: every bucket received in it becomes the served weights at once
         (none if one was rejected), with the last version an update of the session carried."""
 
         def do() -> int:
+            self._renew_pause()
             version, self._session_version = self._session_version, None
             self.weights.end_session()
             return self._set_version(version)
@@ -229,15 +262,23 @@ class TorchEngine:
         group_name: str,
         version: int | None = None,
     ) -> int:
-        """Receive one bucket into the open session; applied by `end_weight_update`."""
+        """Receive one bucket into the open session; applied by `end_weight_update`.
 
-        def do() -> int:
-            self.weights.receive(names, dtypes, shapes, group_name)
-            if version is not None:
+        Received on a worker thread, not the scheduler's: it only stages tensors, and a sender
+        that dies mid-broadcast blocks it until the group's timeout, which must not stall
+        generation (the pause lease resumes it meanwhile)."""
+        await self.renew_pause()
+        session = self.weights.session
+        await asyncio.to_thread(self.weights.receive, names, dtypes, shapes, group_name)
+
+        def done() -> int:
+            self._renew_pause()
+            # Not if the lease ran out meanwhile: that push was dropped with its session.
+            if version is not None and self.weights.session is session:
                 self._session_version = version
             return self.weight_version
 
-        return await self.run_command(do)
+        return await self.run_command(done)
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -341,7 +382,14 @@ class TorchEngine:
                     and not self._commands
                     and (self._paused or (not self._waiting and not self._running))
                 ):
-                    self._cond.wait()
+                    if self._paused:
+                        left = self._pause_deadline - time.monotonic()
+                        if left <= 0:
+                            self._expire_pause()
+                            continue
+                        self._cond.wait(timeout=left)
+                    else:
+                        self._cond.wait()
                 if self._stopping:
                     break
                 commands = list(self._commands)
