@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
+from orchestrator.partition import PartitionConfig
 from orchestrator.rewards import ShapedScores
 from orchestrator.rollout_log import RolloutLogConfig
 from searchr1.sections import HttpConfig, Section
@@ -145,6 +146,7 @@ class OrchestratorConfig(Section):
     search: SearchConfig = Field(default_factory=SearchConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout_log: RolloutLogConfig = Field(default_factory=RolloutLogConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)  # several processes
     ui: bool = Field(
         default=False, description="Serve the run inspector at /ui (over rollout_log.run_dir)."
     )

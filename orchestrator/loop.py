@@ -29,6 +29,7 @@ from orchestrator import metrics
 from orchestrator.config import Mode, OrchestratorConfig, StalePolicy
 from orchestrator.data import PromptSampler
 from orchestrator.evaluate import evaluate
+from orchestrator.partition import StepClaims
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
 from orchestrator.rollout_log import RolloutLog
@@ -91,6 +92,14 @@ class Orchestrator:
         self.last_summary: dict[str, float] = {}
         # Whole groups are admitted, so the in-flight cap is counted in groups.
         self._gate = asyncio.Semaphore(max(1, cfg.rollout.max_concurrent_samples // run.group_size))
+        # Every process of the run claims its share of each step's groups through Redis.
+        self.claims = StepClaims(
+            bus.redis,
+            self.prefix,
+            cfg.partition,
+            self.redis_retry,
+            max_groups=max(1, cfg.rollout.max_concurrent_samples // run.group_size),
+        )
 
     # -- state in Redis ---------------------------------------------------------------------
 
@@ -114,6 +123,7 @@ class Orchestrator:
         """Delete this run id's markers (`--fresh`): the next start is a new run."""
         keys = [f"{self.prefix}:{k}" for k in ("base_version", "step", "published", "record")]
         await self.redis_retry.call("forget", lambda: self.bus.redis.delete(*keys))
+        await self.claims.forget()
         log.warning("forgot the run's markers", extra={"run_id": self.run_cfg.id})
 
     async def restore(self, last_step: int | None = None) -> None:
@@ -255,8 +265,9 @@ class Orchestrator:
     async def run_step(self, step: int) -> dict[str, float]:
         self.step_version = await self.wait_for_weights(step)
         start = time.perf_counter()
-        results = await asyncio.gather(
-            *(self._run_group(step, p) for p in self.sampler.batch(step))
+        prompts = {f"{self.run_cfg.id}/{step}/{p.prompt_id}": p for p in self.sampler.batch(step)}
+        results = await self.claims.run_step(
+            step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
         )
         samples = [s for group in results for s in group]
         summary = metrics.step_summary(samples, time.perf_counter() - start)
