@@ -320,10 +320,12 @@ async def test_orchestrator_process_sync_mode_and_restart(stack: Stack, redis_se
             assert set(t.reward.components) >= {"em", "sub_em", "f1", "format"}
     finally:
         orch.stop()
-    # A restart with the same run id resumes after step 1: nothing is published twice.
+    # Started again with the same run id after its last step: refused with what to do (it used
+    # to publish nothing and exit 0 while a new run's trainer waited forever); nothing twice.
     again = Service(["orchestrator", "run", "--config", str(cfg)], stack.tmp / "orch2.log")
     again.start(wait=False)
-    assert again.proc is not None and again.proc.wait(60) == 0
+    assert again.proc is not None and again.proc.wait(60) == 1
+    assert "already rolled out all its 2 steps" in again.log_path.read_text()
     assert await drain(redis_server.url) == []
 
 
