@@ -35,8 +35,8 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from retriever import synthetic  # noqa: E402
 from searchr1.redis_server import free_port  # noqa: E402
+from tests.support import synthetic  # noqa: E402
 
 # The public Search-R1 retrieval server on this machine class, same encoder and 50,000-passage
 # Flat index, one thread per process (issue #3): QPS by concurrency.

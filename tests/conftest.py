@@ -14,6 +14,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from searchr1.redis_server import RedisServer
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Everything under tests/integration runs services as processes: `-m integration` selects
+    # it, `-m "not integration"` gives the fast unit suite.
+    for item in items:
+        if item.nodeid.startswith("tests/integration/"):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture
 def redis_server(tmp_path) -> Iterator[RedisServer]:  # type: ignore[no-untyped-def]
     """A fresh redis-server (AOF on, appendfsync always) on a free loopback port."""

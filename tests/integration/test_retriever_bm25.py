@@ -7,10 +7,10 @@ import httpx
 import pytest
 import Stemmer
 
-from retriever import synthetic
 from retriever.build import BuildConfig, build_index
 from retriever.config import RetrieverConfig
 from retriever.engine import RetrieverEngine
+from tests.support import synthetic
 from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 200

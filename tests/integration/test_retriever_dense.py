@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from protos import retriever_pb2, retriever_pb2_grpc
-from retriever import synthetic
 from retriever.build import BuildConfig, build_index
 from retriever.client import RetrieverBadRequest, RetrieverClient, RetrieverUnavailable
 from retriever.encoder import Encoder, EncoderSpec
 from retriever.manifest import read_manifest
 from searchr1.redis_server import free_port
+from tests.support import synthetic
 from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 150

@@ -19,8 +19,8 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from retriever import synthetic
 from retriever.encoder import default_encoder_path
+from tests.support import synthetic
 from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 120

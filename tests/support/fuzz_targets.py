@@ -49,8 +49,8 @@ class Target:
 
 
 def _retriever(stack: ExitStack, workdir: Path) -> Target:
-    from retriever import synthetic
     from retriever.build import BuildConfig, build_index
+    from tests.support import synthetic
 
     corpus = synthetic.write_corpus(workdir / "corpus.jsonl", 200, seed=2, words=25)
     build_index(corpus, workdir / "bm25", BuildConfig(backend="bm25", progress=False))

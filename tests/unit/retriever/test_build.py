@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from retriever import synthetic
 from retriever.backends import load_index_backend
 from retriever.build import BuildConfig, build_index
 from retriever.config import RetrieverConfig
 from retriever.encoder import DEFAULT_ENCODER, default_encoder_path, resolve_model_path
+from tests.support import synthetic
 
 ROWS = 40
 

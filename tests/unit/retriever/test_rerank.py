@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-from retriever import synthetic
 from retriever.backends import load_backend
 from retriever.build import BuildConfig, build_index
 from retriever.config import RetrieverConfig
 from retriever.encoder import default_encoder_path
+from tests.support import synthetic
 
 ROWS = 60
 

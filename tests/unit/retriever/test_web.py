@@ -97,21 +97,21 @@ async def test_connection_refused_is_unavailable():
 
 async def test_client_side_rate_limit_spaces_requests(fake):
     web = WebBackend(cfg(fake, rate_limit_qps=20.0), api_key="test-key")
+    start = time.monotonic()
     try:
         await web.search([f"q{i}" for i in range(6)], 1)
     finally:
         await web.aclose()
-    gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
-    # 6 requests at 20/s span at least 5 intervals of 50 ms.
-    assert fake.arrivals[-1] - fake.arrivals[0] >= 0.2
-    assert min(gaps) >= 0.03
+    # 6 requests at 20/s: the last cannot be sent before 5 intervals of 50 ms. A lower bound
+    # only (gaps between arrivals jitter with the machine's load; slowness cannot break it).
+    assert len(fake.arrivals) == 6 and fake.arrivals[-1] - start >= 0.25 - 1e-3
 
 
 async def test_rate_limiter_hand_computed():
     lim = RateLimiter(10.0)
     t = time.monotonic()
     await asyncio.gather(*(lim.acquire() for _ in range(4)))
-    assert 0.28 <= time.monotonic() - t < 1.0  # waits 0, 0.1, 0.2, 0.3 s
+    assert time.monotonic() - t >= 0.3 - 1e-3  # waits 0, 0.1, 0.2, 0.3 s
 
 
 def test_missing_key_is_a_clear_error(monkeypatch):
