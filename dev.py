@@ -79,7 +79,8 @@ def _install_torch(pip: list[str], what: str | None = None) -> None:
 
 
 def ensure_env() -> None:
-    """Create `.venv` and install searchr1 (editable, with dev extras) unless already current."""
+    """Create `.venv` and install searchr1 (editable, with the dev and megatron extras) unless
+    already current."""
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs under any system python
         sys.exit("dev.py: searchr1 needs Python >= 3.11")
     if not _bin("python").exists():
@@ -91,7 +92,8 @@ def ensure_env() -> None:
     pip = [str(_bin("python")), "-m", "pip", "--disable-pip-version-check"]
     _check([*pip, "install", "-q", "--upgrade", "pip", "setuptools", "wheel"])
     _install_torch(pip)
-    _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[dev]"])
+    # `megatron`: CI runs the Megatron backend's tests too.
+    _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[dev,megatron]"])
     STAMP.write_text(want)
 
 
