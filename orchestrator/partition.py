@@ -247,6 +247,7 @@ class StepClaims:
                 await pipe.execute()
 
         await self._call("partition_finish", finish)
+        log.info("group done", extra={"group_id": gid, "worker": self.worker})
         return result
 
     async def _renew_loop(self, step: int, tasks: dict[str, asyncio.Task[Any]]) -> None:
