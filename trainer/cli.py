@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
-from trainer.config import TrainerSettings
+from trainer.config import TrainerConfig, TrainerSettings
+
+if TYPE_CHECKING:
+    from trainer.backend import TrainerBackend
+    from trainer.dist import DistInfo
 
 app = typer.Typer(
     help="GRPO training from the trajectory bus; checkpoints; weight pushes to inference.",
@@ -25,6 +29,19 @@ def show_config(config: ConfigOption = None) -> None:
 def _fail(message: str) -> typer.Exit:
     typer.secho(f"error: {message}", err=True, fg="red")
     return typer.Exit(2)
+
+
+def _backend(section: TrainerConfig, info: DistInfo) -> TrainerBackend:
+    """The configured backend (`trainer.backend`) over the joined ranks."""
+    from trainer.config import BackendKind
+
+    if section.backend == BackendKind.MEGATRON:
+        from trainer.megatron.backend import load_megatron_backend
+
+        return load_megatron_backend(section, info)
+    from trainer.hf_backend import HFBackend, load_hf_model
+
+    return HFBackend(load_hf_model(section), section, info)
 
 
 @app.command("run")
@@ -64,7 +81,6 @@ def run(
     import torch
 
     from trainer.dist import init_distributed
-    from trainer.hf_backend import HFBackend, load_hf_model
     from trainer.loop import TrainingLoop
     from trainer.server import make_bus, run_follower, serve_trainer
     from trainer.weights import WeightPusher
@@ -76,7 +92,7 @@ def run(
         pusher = WeightPusher(section.weight_push, token=token)
     except ValueError as e:
         raise _fail(str(e)) from None
-    backend = HFBackend(load_hf_model(section), section, info)
+    backend = _backend(section, info)
     bus = make_bus(cfg.redis.url, cfg.bus) if info.rank == 0 else None
     loop = TrainingLoop(section, backend, info, run=cfg.run, bus=bus, pusher=pusher)
     if bus is not None:
@@ -108,13 +124,14 @@ def export(
     from trainer.checkpoint import CheckpointManager
     from trainer.config import CheckpointConfig
     from trainer.dist import init_distributed
-    from trainer.hf_backend import HFBackend, load_hf_model
 
     ckpt_cfg = section.checkpoint
     if checkpoint is not None:
         ckpt_cfg = CheckpointConfig(dir=str(checkpoint.parent))
     section.loss.kl_coef = 0.0  # no reference model needed to export
-    backend = HFBackend(load_hf_model(section), section, init_distributed("cpu"))
+    # One process: a Megatron checkpoint holds full tensors in HF layouts, any layout loads it.
+    section.megatron.tp = section.megatron.pp = 1
+    backend = _backend(section, init_distributed("cpu"))
     mgr = CheckpointManager(ckpt_cfg)
     path = checkpoint or mgr.latest()
     if path is None or not (path / "state.pt").exists():
