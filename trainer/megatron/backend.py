@@ -65,10 +65,14 @@ class MegatronBackend(TrainerBackend):
         self.dp_rank, self.dp_size = self.layout.dp_rank, self.layout.dp
         self.vocab_size = s.vocab_size
         self.padded_vocab = padded_vocab(s.vocab_size, mcfg.tp, mcfg.vocab_multiple)
-        dtype = cfg.model.dtype
-        if dtype == DType.AUTO:
-            dtype = DType.FLOAT32 if self.on_cpu else DType.BFLOAT16
-        self.compute_dtype = torch.bfloat16 if dtype == DType.BFLOAT16 else torch.float32
+        if cfg.model.dtype == DType.BFLOAT16:
+            # Not wired yet: bf16 needs Megatron's Float16Module around the model (fp32 main
+            # params stay in the optimizer) and an HF-layout gather of the main params.
+            raise ValueError(
+                "trainer.backend megatron trains in float32 for now: set "
+                "trainer.model.dtype to float32 or auto"
+            )
+        self.compute_dtype = torch.float32
         self.tconfig = make_config(
             s, tp=mcfg.tp, pp=mcfg.pp, dtype=self.compute_dtype, cpu=self.on_cpu
         )
@@ -99,13 +103,14 @@ class MegatronBackend(TrainerBackend):
     # -- set-up ---------------------------------------------------------------------------
 
     def _build(self, full: dict[str, torch.Tensor]) -> nn.Module:
-        model = build_gpt(
-            self.shape,
-            self.tconfig,
-            vocab=self.padded_vocab,
-            pre=self.layout.first_stage,
-            post=self.layout.last_stage,
-        )
+        with self._device_ctx():  # a tied embedding on the last stage is moved with `.cuda()`
+            model = build_gpt(
+                self.shape,
+                self.tconfig,
+                vocab=self.padded_vocab,
+                pre=self.layout.first_stage,
+                post=self.layout.last_stage,
+            )
         model = model.to(self.device)
         load_full(model, full, self.shape, self.layout)
         return model

@@ -14,11 +14,18 @@ import torch
 import torch.distributed as dist
 
 
-def _tp_reduce(x: torch.Tensor) -> torch.Tensor:
+def _tp_size() -> int:
     from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def _tp_reduce(x: torch.Tensor) -> torch.Tensor:
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+    if _tp_size() == 1:
         return x
     return reduce_from_tensor_model_parallel_region(x)
 
@@ -27,7 +34,7 @@ def _tp_max(x: torch.Tensor) -> torch.Tensor:
     from megatron.core import parallel_state
 
     x = x.detach().clone()
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+    if _tp_size() > 1:
         dist.all_reduce(
             x, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group()
         )

@@ -124,8 +124,10 @@ def transformer_config(shape: ModelShape, *, tp: int, pp: int, dtype: torch.dtyp
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",  # unused (dense); "allgather" refuses the above
         use_cpu_initialization=cpu,
-        # Weights are loaded from the Hugging Face model right after building.
-        perform_initialization=False,
+        # Overwritten by the Hugging Face weights right after building, but needed anyway: the
+        # initializers are what mark TP-sharded parameters (`tensor_model_parallel`), without
+        # which the grad norm counts them once instead of summing their shards.
+        perform_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,

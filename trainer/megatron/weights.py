@@ -8,7 +8,7 @@ and layouts; memory stays at one full tensor, not the model.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -71,12 +71,17 @@ def _full_items(model: nn.Module, shape: ModelShape, layout: Layout) -> list[tup
 
 @torch.no_grad()
 def gather_full(
-    model: nn.Module, shape: ModelShape, layout: Layout
+    model: nn.Module,
+    shape: ModelShape,
+    layout: Layout,
+    value: Callable[[str, nn.Parameter], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full Megatron (name, tensor) pairs, on global rank 0 only (collective on all ranks).
 
     Only data-parallel rank 0 and its pipeline take part in the sends; the parameters are
-    identical on every DP rank (the distributed optimizer all-gathers them after a step)."""
+    identical on every DP rank (the distributed optimizer all-gathers them after a step).
+    `value(local_name, param)` gives another per-parameter tensor of the parameter's shape
+    instead (an optimizer moment; it may be collective over DP: every rank calls it)."""
     params = dict(model.named_parameters())
     mine = _full_items(model, shape, layout)
     # Every stage's names, in stage order, on every rank: the order of the sends.
@@ -93,7 +98,8 @@ def gather_full(
     for stage, items in enumerate(per_stage):
         for local, full in items:
             if stage == layout.pp_rank:
-                t = _gather_tp(full, params[local].detach(), layout)
+                p = params[local]
+                t = _gather_tp(full, value(local, p) if value else p.detach(), layout)
             if layout.dp_rank != 0 or layout.tp_rank != 0:
                 continue
             src = pp_ranks[stage]

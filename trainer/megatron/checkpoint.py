@@ -1,0 +1,138 @@
+"""Full, layout-independent state of the Megatron backend for `trainer.checkpoint`.
+
+The trainer's checkpoints hold a full state on the main rank (`state.pt`, the exactly-once
+resume contract of `trainer.checkpoint.CheckpointManager`). Here that state is kept in Hugging
+Face names and layouts: the weights and Adam's two moments per HF tensor, plus the step
+counters. So a checkpoint taken at one (TP, PP, DP) layout resumes at any other, and
+`searchr1 trainer export` needs no Megatron ranks at all.
+
+Gathering: each DP rank of the distributed optimizer holds a contiguous range of every
+flattened parameter; the ranges are all-gathered over DP, then the TP shards and PP stages are
+gathered as for a weight push (`weights.gather_full`). Loading reverses it: the main rank
+broadcasts the state, every rank writes its own shard and range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import TrainerConfig
+from trainer.megatron import convert
+from trainer.megatron.model import ModelShape
+from trainer.megatron.parallel import Layout
+from trainer.megatron.weights import gather_full, layer_offset, load_full
+
+
+class MegatronBackend(Protocol):
+    """What this module reads and sets of `trainer.megatron.backend.MegatronBackend`."""
+
+    cfg: TrainerConfig
+    rank: int
+    dp_size: int
+    shape: ModelShape
+    layout: Layout
+    padded_vocab: int
+    ddp: Any
+    optimizer: Any
+    _train_steps: int
+    _steps: int
+
+    @property
+    def optimizer_steps(self) -> int: ...
+
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _dp_group() -> Any:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_data_parallel_group()
+
+
+def _local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int, dict]:
+    """(start, end, {moment: tensor}) of this DP rank's range of the flattened `param`."""
+    opt = backend.optimizer
+    if backend.cfg.megatron.distributed_optimizer:
+        rng = opt._get_model_param_range_map(param)["param"]
+        if rng.size == 0:
+            return 0, 0, {}
+        return rng.start, rng.end, opt._get_main_param_and_optimizer_states(param)
+    return 0, param.numel(), {"param": param, **opt.optimizer.state.get(param, {})}
+
+
+def _moment(backend: MegatronBackend, key: str) -> Callable[[str, nn.Parameter], torch.Tensor]:
+    def value(_name: str, param: nn.Parameter) -> torch.Tensor:
+        start, end, states = _local_state(backend, param)
+        mine = (start, end, states[key].detach().float().cpu() if key in states else None)
+        if backend.dp_size > 1:
+            parts: list[Any] = [None] * backend.dp_size
+            dist.all_gather_object(parts, mine, group=_dp_group())
+        else:
+            parts = [mine]
+        flat = torch.zeros(param.numel())
+        for s, e, t in parts:
+            if t is not None:
+                flat[s:e] = t.view(-1)
+        return flat.view(param.shape).to(param.device)
+
+    return value
+
+
+def _hf(backend: MegatronBackend, value: Any = None) -> dict[str, torch.Tensor]:
+    model = backend.ddp.module
+    out: dict[str, torch.Tensor] = {}
+    for name, t in gather_full(model, backend.shape, backend.layout, value=value):
+        out.update(convert.to_hf_items(name, t, backend.shape))
+    return out
+
+
+def full_state(backend: MegatronBackend) -> dict[str, Any]:
+    """Complete on global rank 0 (collective)."""
+    state: dict[str, Any] = {"model": _hf(backend)}
+    state["optimizer"] = {k: _hf(backend, _moment(backend, k)) for k in _MOMENTS}
+    state["optimizer"]["step"] = backend.optimizer_steps
+    state["scheduler"] = {"train_steps": backend._train_steps}
+    state["optimizer_steps"] = backend.optimizer_steps
+    return state
+
+
+def _broadcast(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@torch.no_grad()
+def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> None:
+    """Inverse of `full_state`; `state` is read on global rank 0 only (collective)."""
+    state = _broadcast(state if backend.rank == 0 else None)
+    if state is None:
+        raise ValueError("no state to load on rank 0")
+    s, layout, model = backend.shape, backend.layout, backend.ddp.module
+    load_full(model, convert.hf_to_full(state["model"], s, backend.padded_vocab), s, layout)
+    moments = {
+        k: convert.hf_to_full(state["optimizer"][k], s, backend.padded_vocab) for k in _MOMENTS
+    }
+    step = int(state["optimizer"]["step"])
+    offset = layer_offset(s, layout)
+    opt = backend.optimizer
+    for name, param in model.named_parameters():
+        start, end, states = _local_state(backend, param)
+        if end == start:
+            continue
+        full_name = convert.full_name(name, offset, s)
+        main = states["param"]
+        main.copy_(param.detach().view(-1)[start:end].view_as(main))
+        inner = opt.optimizer.state.setdefault(main, {})
+        for k in _MOMENTS:
+            shard = convert.shard(full_name, moments[k][full_name], layout.tp_rank, layout.tp)
+            inner[k] = shard.reshape(-1)[start:end].clone().view_as(main).to(main)
+        inner["step"] = torch.tensor(float(step))
+    backend._train_steps = int(state["scheduler"]["train_steps"])
+    backend._steps = int(state["optimizer_steps"])
