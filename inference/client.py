@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 from prometheus_client import Counter
 
+from inference.weight_group import Bucket, GroupJoin
+
 log = logging.getLogger(__name__)
 
 CLIENT_RETRIES = Counter(
@@ -316,49 +318,14 @@ class InferenceClient:
         data = await self._request("POST", "/end_weight_update", {}, retries=0)
         self._check_success("/end_weight_update", data)
 
-    async def init_weights_update_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-    ) -> None:
+    async def init_weights_update_group(self, join: GroupJoin) -> None:
         data = await self._request(
-            "POST",
-            "/init_weights_update_group",
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            },
-            retries=0,
+            "POST", "/init_weights_update_group", join.model_dump(), retries=0
         )
         self._check_success("/init_weights_update_group", data)
 
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        *,
-        group_name: str,
-        weight_version: int | None = None,
-    ) -> None:
-        body: dict[str, Any] = {
-            "names": names,
-            "dtypes": dtypes,
-            "shapes": shapes,
-            "group_name": group_name,
-            "flush_cache": True,
-        }
-        if weight_version is not None:
-            body["weight_version"] = str(weight_version)
+    async def update_weights_from_distributed(self, bucket: Bucket) -> None:
+        body = bucket.model_dump(exclude_none=True, exclude={"abort_all_requests"})
         data = await self._request("POST", "/update_weights_from_distributed", body, retries=0)
         self._check_success("/update_weights_from_distributed", data)
 

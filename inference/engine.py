@@ -33,6 +33,7 @@ from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
 from inference.requests import CommandResult, GenerateOutput, Request
 from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
+from inference.weight_group import Bucket, GroupJoin
 from inference.weights import WeightLoader
 
 log = logging.getLogger(__name__)
@@ -250,17 +251,12 @@ class TorchEngine:
 
         return await self.run_command(do)
 
-    async def init_weights_update_group(self, **kwargs: Any) -> None:
+    async def init_weights_update_group(self, join: GroupJoin) -> None:
         # Joining blocks until every rank arrives: not on the scheduler thread.
-        await asyncio.to_thread(self.weights.init_group, **kwargs)
+        await asyncio.to_thread(self.weights.init_group, join)
 
     async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str,
-        version: int | None = None,
+        self, bucket: Bucket, version: int | None = None
     ) -> int:
         """Receive one bucket into the open session; applied by `end_weight_update`.
 
@@ -269,7 +265,7 @@ class TorchEngine:
         generation (the pause lease resumes it meanwhile)."""
         await self.renew_pause()
         session = self.weights.session
-        await asyncio.to_thread(self.weights.receive, names, dtypes, shapes, group_name)
+        await asyncio.to_thread(self.weights.receive, bucket)
 
         def done() -> int:
             self._renew_pause()

@@ -30,6 +30,7 @@ from inference.sampling import (
     SamplingParams,
     check_text,
 )
+from inference.weight_group import Bucket, GroupJoin
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
@@ -106,25 +107,6 @@ class PauseReq(_Req):
 class DiskUpdateReq(_Req):
     model_path: str
     weight_version: str | None = None
-    abort_all_requests: bool = False
-
-
-class InitGroupReq(_Req):
-    master_address: str
-    master_port: int = Field(ge=1, le=65535)
-    rank_offset: int
-    world_size: int = Field(ge=2)
-    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
-    backend: Literal["nccl", "gloo"] = "nccl"
-
-
-class DistUpdateReq(_Req):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    group_name: str = "weight_update_group"
-    weight_version: str | None = None
-    flush_cache: bool = True
     abort_all_requests: bool = False
 
 
@@ -276,9 +258,9 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         return JSONResponse({"success": True, "message": "Success", "weight_version": str(new)})
 
     @app.post("/init_weights_update_group", dependencies=admin)
-    async def init_weights_update_group(req: InitGroupReq) -> JSONResponse:
+    async def init_weights_update_group(req: GroupJoin) -> JSONResponse:
         try:
-            await engine.init_weights_update_group(**req.model_dump())
+            await engine.init_weights_update_group(req)
         except ValueError as e:
             return _fail(e)
         except Exception as e:  # rendezvous timeout, unreachable master
@@ -286,14 +268,12 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         return JSONResponse({"success": True, "message": "Succeeded to initialize group."})
 
     @app.post("/update_weights_from_distributed", dependencies=admin)
-    async def update_weights_from_distributed(req: DistUpdateReq) -> JSONResponse:
+    async def update_weights_from_distributed(req: Bucket) -> JSONResponse:
         version = _version(req.weight_version)
         try:
             if req.abort_all_requests:
                 await engine.abort_all("aborted for a weight update")
-            new = await engine.update_weights_from_distributed(
-                req.names, req.dtypes, req.shapes, req.group_name, version
-            )
+            new = await engine.update_weights_from_distributed(req, version)
         except ValueError as e:
             return _fail(e)
         return JSONResponse(

@@ -14,9 +14,10 @@ import contextlib
 import ctypes
 import inspect
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -28,6 +29,36 @@ DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
+
+
+class GroupJoin(BaseModel):
+    """How an engine joins a weight-update group: SGLang's `/init_weights_update_group` body,
+    used by the sender, the HTTP route and the engine alike."""
+
+    # SGLang ignores fields it does not use; so do we.
+    model_config = ConfigDict(extra="ignore")
+
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int
+    world_size: int = Field(ge=2)
+    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
+    backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class Bucket(BaseModel):
+    """One broadcast of tensors: SGLang's `/update_weights_from_distributed` body. The tensors
+    themselves follow over the group, one broadcast each, in this order."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    weight_version: str | None = None  # SGLang's versions are strings
+    flush_cache: bool = True
+    abort_all_requests: bool = False
 
 
 def dtype_from_name(name: str) -> torch.dtype:

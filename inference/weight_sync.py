@@ -33,6 +33,8 @@ import torch
 
 from inference.client import InferenceBadRequest, InferenceClient
 from inference.weight_group import (
+    Bucket,
+    GroupJoin,
     abandon_weight_group,
     destroy_weight_group,
     dtype_from_name,
@@ -119,12 +121,14 @@ class WeightSender:
         joins = asyncio.gather(
             *(
                 c.init_weights_update_group(
-                    master_address=self.master_addr,
-                    master_port=self.master_port,
-                    rank_offset=i + 1,
-                    world_size=world,
-                    group_name=self.group_name,
-                    backend=self.backend,
+                    GroupJoin(
+                        master_address=self.master_addr,
+                        master_port=self.master_port,
+                        rank_offset=i + 1,
+                        world_size=world,
+                        group_name=self.group_name,
+                        backend=self.backend,
+                    )
                 )
                 for i, c in enumerate(self._clients)
             ),
@@ -258,11 +262,13 @@ class WeightSender:
             calls = [
                 asyncio.create_task(
                     c.update_weights_from_distributed(
-                        names,
-                        [dtype_name(t.dtype) for t in tensors],
-                        [list(t.shape) for t in tensors],
-                        group_name=self.group_name,
-                        weight_version=version if last else None,
+                        Bucket(
+                            names=names,
+                            dtypes=[dtype_name(t.dtype) for t in tensors],
+                            shapes=[list(t.shape) for t in tensors],
+                            group_name=self.group_name,
+                            weight_version=str(version) if last else None,
+                        )
                     )
                 )
                 for c in self._clients

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 
-from inference.weight_group import destroy_weight_group, dtype_from_name, new_weight_group
+from inference.weight_group import (
+    Bucket,
+    GroupJoin,
+    destroy_weight_group,
+    dtype_from_name,
+    new_weight_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +99,8 @@ class WeightLoader:
         WEIGHT_UPDATES.labels("disk", "ok").inc()
         log.info("weights loaded from disk", extra={"path": str(path), "tensors": len(tensors)})
 
-    def init_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-    ) -> None:
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be gloo or nccl (got {backend!r})")
+    def init_group(self, join: GroupJoin) -> None:
+        group_name, rank_offset, world_size = join.group_name, join.rank_offset, join.world_size
         if not 1 <= rank_offset < world_size:
             raise ValueError(f"rank_offset {rank_offset} outside [1, world_size={world_size})")
         # A name is reused by a trainer that re-creates its group: free it before joining anew.
@@ -112,9 +108,9 @@ class WeightLoader:
         if old is not None:
             destroy_weight_group(old)
         group = new_weight_group(
-            backend=backend,
-            master_address=master_address,
-            master_port=master_port,
+            backend=join.backend,
+            master_address=join.master_address,
+            master_port=join.master_port,
             world_size=world_size,
             rank=rank_offset,
             group_name=group_name,
@@ -149,10 +145,14 @@ class WeightLoader:
         WEIGHT_UPDATES.labels("distributed", "ok").inc()
         return len(session.staged)
 
-    def receive(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str
-    ) -> None:
+    def receive(self, bucket: Bucket) -> None:
         """Receive one bucket into the open session (staged, not yet applied)."""
+        names, dtypes, shapes, group_name = (
+            bucket.names,
+            bucket.dtypes,
+            bucket.shapes,
+            bucket.group_name,
+        )
         import torch.distributed as dist
 
         session = self.session

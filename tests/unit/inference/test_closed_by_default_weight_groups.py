@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from inference import weights
+from inference.weight_group import GroupJoin
 from inference.weights import WeightLoader
 
 ARGS: dict[str, Any] = dict(master_address="h", master_port=1, rank_offset=1, world_size=2)
@@ -25,8 +26,8 @@ def joined(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_new_group_frees_the_previous_one(joined: list[str]) -> None:
     loader = WeightLoader(torch.nn.Linear(2, 2))
-    loader.init_group(**ARGS, group_name="w-aaaa", backend="gloo")
-    loader.init_group(**ARGS, group_name="w-bbbb", backend="gloo")
+    loader.init_group(GroupJoin(**ARGS, group_name="w-aaaa", backend="gloo"))
+    loader.init_group(GroupJoin(**ARGS, group_name="w-bbbb", backend="gloo"))
     assert list(loader.groups) == ["w-bbbb"]
     assert joined == ["pg:w-aaaa"]
 
@@ -35,12 +36,12 @@ def test_a_failed_join_keeps_the_working_group(
     joined: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loader = WeightLoader(torch.nn.Linear(2, 2))
-    loader.init_group(**ARGS, group_name="w-aaaa", backend="gloo")
+    loader.init_group(GroupJoin(**ARGS, group_name="w-aaaa", backend="gloo"))
 
     def unreachable(**kw: Any) -> Any:
         raise TimeoutError("rendezvous timed out")
 
     monkeypatch.setattr(weights, "new_weight_group", unreachable)
     with pytest.raises(TimeoutError):
-        loader.init_group(**ARGS, group_name="w-bbbb", backend="gloo")
+        loader.init_group(GroupJoin(**ARGS, group_name="w-bbbb", backend="gloo"))
     assert list(loader.groups) == ["w-aaaa"] and joined == []

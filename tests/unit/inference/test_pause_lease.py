@@ -16,6 +16,7 @@ import pytest
 from inference.config import TorchEngineConfig
 from inference.engine import TorchEngine
 from inference.sampling import SamplingParams
+from inference.weight_group import Bucket
 
 LEASE_S = 0.6
 
@@ -65,7 +66,9 @@ async def test_a_stuck_receive_does_not_stall_generation(
     monkeypatch.setattr(engine.weights, "receive", stuck)
     await engine.begin_weight_update()
     update = asyncio.create_task(
-        engine.update_weights_from_distributed(["w"], ["float32"], [[1]], "g")
+        engine.update_weights_from_distributed(
+            Bucket(names=["w"], dtypes=["float32"], shapes=[[1]], group_name="g")
+        )
     )
     await asyncio.sleep(0.1)
     done = await asyncio.wait_for(engine.generate([1, 2, 3], greedy(4)), 10)

@@ -49,7 +49,7 @@ def test_operation_ids_are_unique() -> None:
 
 def test_admin_models_use_enums() -> None:
     assert MODELS["PauseReq"]["properties"]["mode"]["enum"] == ["abort", "in_place", "retract"]
-    assert set(MODELS["InitGroupReq"]["properties"]["backend"]["enum"]) == {"nccl", "gloo"}
+    assert set(MODELS["GroupJoin"]["properties"]["backend"]["enum"]) == {"nccl", "gloo"}
 
 
 json_values = st.recursive(
