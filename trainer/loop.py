@@ -39,6 +39,13 @@ from trainer.weights import WeightPusher
 log = logging.getLogger(__name__)
 
 
+class _Resync(str):
+    """Rank 0's message to every rank: push the current weights again before the next step."""
+
+
+RESYNC = _Resync("resync")
+
+
 class WeightPushFailed(RuntimeError):
     """The engines could not be given the current weights within the retry deadline."""
 
@@ -157,15 +164,17 @@ class TrainingLoop:
 
     # -- data -----------------------------------------------------------------------------
 
-    async def _next_batch(self) -> list[Delivery] | None:
-        """Rank 0: deliveries of `run.groups_per_step` complete groups, or None when stopping."""
+    async def _next_batch(self) -> list[Delivery] | _Resync | None:
+        """Rank 0: deliveries of `run.groups_per_step` complete groups, None when stopping, or
+        RESYNC when an engine must get the current weights again first."""
         assert self.bus is not None
         want = self.run_cfg.groups_per_step
         await self._expire_incomplete_groups()
         while self._buffer.complete_groups < want:
             if self.stop_event.is_set():
                 return None
-            await self._resync_engines()
+            if await self._engines_behind():
+                return RESYNC
             n = max(want - self._buffer.complete_groups, 1) * self.run_cfg.group_size
             got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
             self._buffer.add(got)
@@ -173,15 +182,16 @@ class TrainingLoop:
         self._batch = self._buffer.take(want)
         return self._batch
 
-    async def _resync_engines(self) -> None:
-        """An engine that restarted serves its initial weights (version 0): sync rollouts would
-        wait for the trainer's version forever, while the trainer waits for their data. Give it
-        the current weights again (single rank: a push is collective)."""
+    async def _engines_behind(self) -> bool:
+        """Rank 0, every `resync_check_s` while waiting for data: does an engine serve an older
+        version than the trainer's? One that restarted serves its initial weights (version 0):
+        sync rollouts would wait for the trainer's version forever while the trainer waits for
+        their data, so it gets the current weights again (all ranks push: it is collective)."""
         every = self.cfg.weight_push.resync_check_s
-        if self.info.distributed or not self.pusher.enabled or self.status.step == 0:
-            return
+        if not self.pusher.enabled or self.status.step == 0:
+            return False
         if time.monotonic() - self._last_resync_check < every:
-            return
+            return False
         self._last_resync_check = time.monotonic()
         behind = await self.pusher.engines_behind(self.status.weight_version)
         if behind:
@@ -189,7 +199,7 @@ class TrainingLoop:
                 "engines behind the trainer's version; pushing again",
                 extra={"engines": behind, "version": self.status.weight_version},
             )
-            await self._push(self.status.step)
+        return bool(behind)
 
     async def _expire_incomplete_groups(self) -> None:
         """Dead-letter groups that can no longer complete: held, they would hold their entries
@@ -205,19 +215,26 @@ class TrainingLoop:
             await self.bus.dead_letter(members, "incomplete_group", error)
 
     async def _step_input(self) -> tuple[list[Trajectory] | None, list[Receipt]]:
-        deliveries: list[Delivery] | None = None
-        if self.info.rank == 0:
-            deliveries = await self._next_batch()
-        if not self.info.distributed:
-            if deliveries is None:
+        """The next step's trajectories on every rank (rank 0 reads the bus and broadcasts), or
+        None when stopping. Re-syncs engines that fell behind on the way."""
+        while True:
+            deliveries: list[Delivery] | _Resync | None = None
+            if self.info.rank == 0:
+                deliveries = await self._next_batch()
+            payload: list[bytes] | _Resync | None
+            if isinstance(deliveries, list):
+                payload = [encode(d.trajectory) for d in deliveries]
+            else:
+                payload = deliveries
+            payload = await asyncio.to_thread(broadcast_object, payload, self.info)
+            if payload == RESYNC:
+                await self._push(self.status.step)
+                continue
+            if payload is None:
                 return None, []
-            return [d.trajectory for d in deliveries], [d.receipt for d in deliveries]
-        payload = None if deliveries is None else [encode(d.trajectory) for d in deliveries]
-        payload = await asyncio.to_thread(broadcast_object, payload, self.info)
-        if payload is None:
-            return None, []
-        receipts = [d.receipt for d in deliveries] if deliveries else []
-        return [decode(b) for b in payload], receipts
+            assert isinstance(payload, list)
+            receipts = [d.receipt for d in deliveries] if isinstance(deliveries, list) else []
+            return [decode(b) for b in payload], receipts
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -244,14 +244,33 @@ async def test_a_push_that_keeps_failing_stops_the_trainer(
         await bus.close()
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
 async def test_an_engine_that_restarted_gets_the_current_weights_again(
-    client: InferenceClient, tiny_model_dir: Path, redis_server
-) -> None:  # type: ignore[no-untyped-def]
+    client: InferenceClient,
+    tiny_model_dir: Path,
+    redis_server,  # type: ignore[no-untyped-def]
+    ranks: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A restarted engine serves version 0: sync rollouts waited for the trainer's version
-    forever while the trainer waited for their data."""
+    forever while the trainer waited for their data. With several ranks (the push is
+    collective) rank 0 broadcasts a re-sync instead of a batch and every rank pushes; here
+    rank 0's side of it, the broadcast standing in for the followers."""
     from searchr1.bus import TrajectoryBus
     from searchr1.sections import BusConfig
+    from trainer import loop as loop_module
     from trainer.loop import TrainingLoop
+
+    info = CPU
+    broadcasts: list[object] = []
+    if ranks == 2:
+        info = DistInfo(0, 2, 0, torch.device("cpu"))
+
+        def broadcast(obj: object, _: DistInfo) -> object:
+            broadcasts.append(obj)
+            return obj
+
+        monkeypatch.setattr(loop_module, "broadcast_object", broadcast)
 
     port = free_port()
     cfg = loop_config(
@@ -265,7 +284,7 @@ async def test_an_engine_that_restarted_gets_the_current_weights_again(
     bus = TrajectoryBus.from_url(redis_server.url, BusConfig(consumer="t"))
     await bus.publish(await rollouts(client, seed=800))
     backend = HFBackend(load_hf_model(cfg), cfg, CPU)
-    loop = TrainingLoop(cfg, backend, CPU, run=run, bus=bus)
+    loop = TrainingLoop(cfg, backend, info, run=run, bus=bus)
     engine = InferenceServerProcess(tiny_model_dir, port=port).start()
     task = asyncio.create_task(loop.run())
     try:
@@ -282,6 +301,8 @@ async def test_an_engine_that_restarted_gets_the_current_weights_again(
             assert (await c.get_model_info())["weight_version"] == 1
             again = await rollouts(c, seed=900)
         assert max_diff(cfg, backend, again) < 1e-4  # the trainer's weights, not the initial
+        if ranks == 2:
+            assert loop_module.RESYNC in broadcasts  # every rank was told to push
     finally:
         loop.stop_event.set()
         await asyncio.wait_for(task, 60)
