@@ -1,0 +1,533 @@
+"""Chaos: the real stack under faults at seeded random times, and a ledger of every trajectory.
+
+Builds the demo's world, index and warm-started model (`searchr1.stack.demo.run`; reused when
+`--out` already holds them), then runs GRPO twice through the real services under
+`searchr1.supervisor` with `local.restart: on-failure` (as compose's `restart: on-failure`
+and a Kubernetes Job would restart them): once without faults, once with `--faults` of:
+
+- `kill:<service>`: SIGKILL of the process group of the trainer, orchestrator, inference
+  engine, retriever or redis-server (AOF, `appendfsync always`, supervised like the others);
+- `refuse_push`: the engine answers one `/update_weights_from_distributed` with 503 (a proxy
+  between trainer and engine);
+- `retriever_down`: the retriever refuses connections for 30 s (a proxy that stops listening);
+- `pause:inference`: SIGSTOP of the engine for 5-20 s, then SIGCONT (a network pause).
+
+A fault is injected at a seeded random point of the step after the previous one recovered
+(its service is ready again and the trainer finished a step after it: its `metrics_jsonl`
+line). recover_s is measured from the end of the injected condition (the kill; the outage's
+or pause's end; the refusal). stalled_s_max is the longest time without a finished trainer
+step. The ledger (tests/support/chaos_ledger.py): every trajectory id published on the bus
+against the steps that made the final model; lost = published and not trained, duplicated =
+trained in two steps. Held-out EM of both runs' final models. Run from the repository root:
+
+    OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis
+import yaml
+
+from searchr1.redis_server import RedisServer, free_port
+from searchr1.stack.config import load_config
+from searchr1.stack.demo.run import (
+    DemoConfig,
+    build_policy,
+    evaluate,
+    summary_row,
+    write_rows,
+    write_stack_config,
+)
+from searchr1.stack.demo.world import generate_world, write_world
+from searchr1.stack.local.launcher import build_specs
+from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from tests.support.chaos_ledger import LedgerResult, read_steps, settle
+from tests.support.chaos_proxy import FaultyProxy
+
+KINDS = [
+    "kill:trainer",
+    "kill:orchestrator",
+    "kill:inference",
+    "kill:retriever",
+    "kill:redis",
+    "refuse_push",
+    "retriever_down",
+    "pause:inference",
+]
+OUTAGE_S = 30.0
+PUSH_PATH = "/update_weights_from_distributed"
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    out_dir: Path
+    seed: int = 0
+    faults: int = 20
+    kinds: tuple[str, ...] = ()  # empty: seeded shuffles of KINDS
+    quick: bool = False
+    max_steps: int | None = None  # None: 4 per fault + 6
+    groups_per_step: int = 8
+    group_size: int = 4
+    checkpoint_every: int = 2
+    recover_timeout_s: float = 300.0
+    run_timeout_s: float = 3600.0
+
+    @property
+    def steps(self) -> int:
+        return self.max_steps or 4 * self.faults + 6
+
+
+@dataclass
+class Fault:
+    kind: str
+    injected_at: float
+    ended_at: float
+    recovered_at: float | None = None
+    refusals_before: int = 0  # refuse_push: the proxy's refusals before this one
+
+    @property
+    def recover_s(self) -> float | None:
+        return None if self.recovered_at is None else self.recovered_at - self.ended_at
+
+
+@dataclass
+class RunResult:
+    ledger: LedgerResult
+    faults: list[Fault]
+    stalled_s_max: float
+    em_after: float
+    restarts: dict[str, int]
+    finished: bool
+    error: str = ""
+
+
+# -- the world and each run's config -----------------------------------------------------------
+
+
+def build_world(cfg: ChaosConfig) -> tuple[DemoConfig, Path, Path, dict[str, Path]]:
+    """The demo's world, rows, index and warm start under `out_dir` (reused if there)."""
+    from retriever.build import BuildConfig, build_index
+
+    out = cfg.out_dir
+    demo = DemoConfig.quick_mode(out, cfg.seed) if cfg.quick else DemoConfig(out, cfg.seed)
+    world = generate_world(demo.seed, n_people=demo.n_people)
+    files = write_world(world, out / "world")
+    rows = write_rows(world, out / "data")
+    index_dir, warm = out / "index", out / "model-warm"
+    if not (index_dir.is_dir() and any(index_dir.iterdir())):
+        build_index(files["corpus"], index_dir, BuildConfig(query_prefix="", passage_prefix=""))
+    if not (warm / "config.json").exists():
+        warm = build_policy(demo, world)
+    return demo, index_dir, warm, rows
+
+
+def write_run_config(
+    cfg: ChaosConfig,
+    demo: DemoConfig,
+    run_dir: Path,
+    paths: tuple[Path, Path, dict[str, Path]],
+    redis_url: str,
+) -> tuple[Path, dict[str, Any]]:
+    """The demo's stack config for this run: smaller steps, restarts on, its own directories."""
+    index_dir, warm, rows = paths
+    run_demo = DemoConfig(out_dir=run_dir, seed=cfg.seed, rl_steps=cfg.steps)
+    path = write_stack_config(run_demo, index_dir, warm, rows)
+    data = yaml.safe_load(path.read_text())
+    data["redis"] = {"url": redis_url}
+    data["run"].update(
+        id="chaos",
+        groups_per_step=cfg.groups_per_step,
+        group_size=cfg.group_size,
+        max_steps=cfg.steps,
+    )
+    n_train = len(rows["train"].read_text().splitlines())
+    data["orchestrator"]["epochs"] = math.ceil(cfg.steps * cfg.groups_per_step / n_train)
+    data["orchestrator"].pop("rollout_log", None)  # not needed here; spares the 2 cores
+    data["trainer"]["checkpoint"]["every_steps"] = cfg.checkpoint_every
+    data["local"].update(
+        restart=RestartPolicy.ON_FAILURE.value,
+        max_restarts=4 * cfg.faults + 4,
+        ready_timeout_s=300.0,
+        grace_s=10.0,
+    )
+    return path, data
+
+
+def fault_kinds(cfg: ChaosConfig, rng: random.Random) -> list[str]:
+    if cfg.kinds:
+        return [cfg.kinds[i % len(cfg.kinds)] for i in range(cfg.faults)]
+    kinds: list[str] = []
+    while len(kinds) < cfg.faults:  # every kind once before any twice
+        kinds += rng.sample(KINDS, len(KINDS))
+    return kinds[: cfg.faults]
+
+
+# -- watching the run ------------------------------------------------------------------------
+
+
+class Monitor(threading.Thread):
+    """Polls the trainer's step lines and the bus stream (published ids) until stopped."""
+
+    def __init__(self, redis_url: str, stream: str, metrics_jsonl: Path) -> None:
+        super().__init__(daemon=True, name="chaos-monitor")
+        self.client = redis.Redis.from_url(
+            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
+        self.stream = stream
+        self.jsonl = metrics_jsonl
+        self.published: set[str] = set()
+        self.step_times: list[float] = []  # when each step line appeared (monotonic)
+        self.steps_done = 0  # the highest step number logged
+        self.stop_event = threading.Event()
+        self._offset = 0
+        self._last_id = "-"
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.25):
+            self.poll()
+
+    def poll(self) -> None:
+        with contextlib.suppress(OSError):
+            with self.jsonl.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            self._offset += len(whole)
+            for line in whole.splitlines():
+                with contextlib.suppress(ValueError):
+                    self.steps_done = max(self.steps_done, int(json.loads(line)["step"]))
+                    self.step_times.append(time.monotonic())
+        with contextlib.suppress(redis.RedisError):  # Redis down (a fault): read it next time
+            start = "-" if self._last_id == "-" else f"({self._last_id}"
+            for entry_id, fields in self.client.xrange(self.stream, start, "+", count=2000):
+                self._last_id = entry_id.decode()
+                if b"tid" in fields:
+                    self.published.add(fields[b"tid"].decode())
+
+    def typical_step_s(self) -> float:
+        gaps = [b - a for a, b in itertools.pairwise(self.step_times)]
+        return statistics.median(gaps) if gaps else 2.0
+
+    def step_after(self, t: float) -> bool:
+        return any(s > t for s in self.step_times)
+
+
+class Stack:
+    """Redis and the services under one supervisor on a thread; faults injected from outside."""
+
+    def __init__(self, stack_path: Path, data: dict[str, Any], redis: RedisServer) -> None:
+        self.cfg = load_config(stack_path)
+        self.redis = redis
+        redis_spec = ServiceSpec(
+            "redis",
+            redis.command(),
+            restart=RestartPolicy.ON_FAILURE,
+            max_restarts=data["local"]["max_restarts"],
+        )
+        specs = [redis_spec, *build_specs(self.cfg, stack_path, redis.url)]
+        self.sup = Supervisor(specs, Path(self.cfg.local.log_dir), grace_s=self.cfg.local.grace_s)
+        self.stop_event = threading.Event()
+        self.ready_at: float | None = None
+        self.finished_at: float | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._supervise, daemon=True, name="chaos-stack")
+
+    def _supervise(self) -> None:
+        try:
+            self.sup.start()
+            self.ready_at = time.monotonic()
+            while not self.stop_event.is_set() and self.sup.check():
+                time.sleep(self.sup.poll_s)
+            if not self.stop_event.is_set():
+                self.finished_at = time.monotonic()
+        except BaseException as e:  # reported by the bench, never swallowed
+            self.error = e
+        finally:
+            self.sup.stop()
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def child(self, name: str) -> Any:
+        return next(c for c in self.sup.children if c.spec.name == name)
+
+    def signal(self, name: str, sig: signal.Signals) -> int | None:
+        pid = self.child(name).pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+        return pid
+
+    def ready_again(self, name: str, old_pid: int | None) -> bool:
+        child = self.child(name)
+        return child.pid != old_pid and child.status in ("ready", "exited")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.sup.stop()
+        self.thread.join(60)
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+def inject(
+    kind: str, stack: Stack, proxies: dict[str, FaultyProxy], rng: random.Random
+) -> tuple[Fault, str | None, int | None]:
+    """Apply one fault; returns it with the service that must come back (and its old pid)."""
+    now = time.monotonic()
+    action, _, target = kind.partition(":")
+    if action == "kill":
+        pid = stack.signal(target, signal.SIGKILL)
+        return Fault(kind, now, now), target, pid
+    if action == "pause":
+        pid = stack.signal(target, signal.SIGSTOP)
+        try:
+            time.sleep(rng.uniform(5.0, 20.0))
+        finally:  # a stopped engine must never outlive the bench
+            stack.signal(target, signal.SIGCONT)
+        return Fault(kind, now, time.monotonic()), None, None
+    if kind == "retriever_down":
+        proxies["retriever"].outage(OUTAGE_S)
+        return Fault(kind, now, time.monotonic()), None, None
+    if kind == "refuse_push":
+        before = len(proxies["engine"].refused_at)
+        proxies["engine"].refuse_next(PUSH_PATH)
+        return Fault(kind, now, now, refusals_before=before), None, None
+    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS})")
+
+
+def wait_recovered(
+    fault: Fault,
+    stack: Stack,
+    monitor: Monitor,
+    service: str | None,
+    old_pid: int | None,
+    proxies: dict[str, FaultyProxy],
+    timeout_s: float,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    refused = proxies["engine"].refused_at
+    while time.monotonic() < deadline and not stack.done:
+        if fault.kind == "refuse_push":
+            if len(refused) <= fault.refusals_before:  # no push has met the refusal yet
+                time.sleep(0.2)
+                continue
+            fault.ended_at = refused[fault.refusals_before]
+        back = service is None or stack.ready_again(service, old_pid)
+        if back and monitor.step_after(fault.ended_at):
+            fault.recovered_at = time.monotonic()
+            return
+        time.sleep(0.2)
+    if stack.finished_at is not None and (service is None or stack.ready_again(service, old_pid)):
+        fault.recovered_at = stack.finished_at  # the run completed after it
+
+
+def run_once(
+    cfg: ChaosConfig,
+    demo: DemoConfig,
+    paths: tuple[Path, Path, dict[str, Path]],
+    run_dir: Path,
+    *,
+    faults: int,
+) -> RunResult:
+    rng = random.Random(cfg.seed)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis, checkpoints and logs
+    run_dir.mkdir(parents=True)
+    redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
+    stack_path, data = write_run_config(cfg, demo, run_dir, paths, redis_server.url)
+    engine_url = data["orchestrator"]["engine_url"]
+    proxies = {
+        "engine": FaultyProxy(engine_url).start(),
+        "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
+    }
+    data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
+    data["orchestrator"]["search"]["retriever_url"] = proxies["retriever"].url
+    stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    stack = Stack(stack_path, data, redis_server)
+    jsonl = Path(data["trainer"]["metrics_jsonl"])
+    monitor = Monitor(redis_server.url, stack.cfg.bus.stream, jsonl)
+    injected: list[Fault] = []
+    try:
+        stack.thread.start()
+        monitor.start()
+        deadline = time.monotonic() + cfg.run_timeout_s
+        while stack.ready_at is None and not stack.done and time.monotonic() < deadline:
+            time.sleep(0.5)
+        while monitor.steps_done < 1 and not stack.done and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for kind in fault_kinds(cfg, rng)[:faults]:
+            # At a seeded random point of the next step (steps take seconds here).
+            gap_end = time.monotonic() + rng.uniform(0.0, 1.0) * monitor.typical_step_s()
+            while time.monotonic() < gap_end and not stack.done:
+                time.sleep(0.05)
+            # A fault needs a later step to show recovery: none in the last step.
+            if stack.done or monitor.steps_done >= cfg.steps - 1:
+                break
+            fault, service, pid = inject(kind, stack, proxies, rng)
+            injected.append(fault)
+            print(f"fault {len(injected)}: {kind} at step {monitor.steps_done}", flush=True)
+            wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
+            print(f"  recovered in {fault.recover_s}", flush=True)
+        while not stack.done and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        stack.stop()
+        monitor.stop_event.set()
+        monitor.join(5)
+    monitor.poll()  # the last lines
+    ledger = read_ledger(stack, redis_server, jsonl, data)
+    times = [stack.ready_at or 0.0, *monitor.step_times]
+    stalled = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    export = Path(data["trainer"]["checkpoint"]["export_dir"])
+    try:
+        result = evaluate(stack_path, export, paths[2]["test"], run_dir / "eval_after.json",
+                          demo.eval_limit)  # fmt: skip
+        em = summary_row(result)["em"]
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+    return RunResult(
+        ledger=ledger,
+        faults=injected,
+        stalled_s_max=stalled,
+        em_after=em,
+        restarts={c.spec.name: c.restarts for c in stack.sup.children},
+        finished=stack.finished_at is not None,
+        error=repr(stack.error) if stack.error else "",
+    )
+
+
+def read_ledger(
+    stack: Stack, server: RedisServer, jsonl: Path, data: dict[str, Any]
+) -> LedgerResult:
+    """Settle from Redis's final state: restarted from its AOF (the stack stopped it)."""
+    stream = stack.cfg.bus.stream
+    prefix = f"searchr1:orchestrator:{data['run']['id']}"
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        groups = client.smembers(f"{prefix}:published")
+        published = {f"{g}/{i}" for g in groups for i in range(data["run"]["group_size"])}
+        acked = set(client.zrange(f"{stream}:done", 0, -1))
+        dead = {
+            f.get("tid", ""): f.get("reason", "?")
+            for _, f in client.xrange(f"{stream}:dead")  # type: ignore[union-attr]
+        }
+        pending = {f["tid"] for _, f in client.xrange(stream) if "tid" in f}  # type: ignore[union-attr]
+        client.close()
+    finally:
+        server.stop()
+    return settle(published | pending, read_steps(jsonl), acked=acked, dead=dead)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult) -> tuple[str, bool]:
+    led = chaos.ledger
+    recovered = [f for f in chaos.faults if f.recovered_at is not None]
+    rec_s = [f.recover_s for f in recovered if f.recover_s is not None]
+    for f in chaos.faults:
+        print(f"  {f.kind:18s} recover_s={f.recover_s}")
+    print(
+        f"published={led.published} trained={led.trained} dead={len(led.dead)} "
+        f"unlogged={len(led.unlogged)} rewinds={led.rewinds} restarts={chaos.restarts} "
+        f"finished={chaos.finished} error={chaos.error or '-'} "
+        f"no_faults: lost={len(base.ledger.lost)} duplicated={len(base.ledger.duplicated)} "
+        f"steps={base.ledger.steps} stalled_s_max={base.stalled_s_max:.1f}"
+    )
+    if led.lost:
+        print(f"lost ids (first 10): {led.lost[:10]} dead: {dict(list(led.dead.items())[:10])}")
+    ok = (
+        len(recovered) == len(chaos.faults) >= cfg.faults
+        and not led.lost
+        and not led.duplicated
+        and led.steps == cfg.steps
+    )
+    line = (
+        f"faults={len(chaos.faults)} recovered={len(recovered)} lost={len(led.lost)} "
+        f"duplicated={len(led.duplicated)} stalled_s_max={chaos.stalled_s_max:.1f} "
+        f"recover_p50_s={percentile(rec_s, 50):.1f} recover_p99_s={percentile(rec_s, 99):.1f} "
+        f"steps={led.steps} em_after={chaos.em_after:.3f} em_after_no_faults={base.em_after:.3f}"
+    )
+    return line, ok
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: every `finally` stops what it started.
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/chaos"))
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--kinds", default="", help=f"comma list, cycled (default: {KINDS})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="the quick demo's world and warm start")
+    ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default 4/fault + 6)")
+    ap.add_argument("--groups-per-step", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=4)
+    args = ap.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    for k in kinds:
+        if k not in KINDS:
+            ap.error(f"unknown fault kind {k!r} (choose from {KINDS})")
+    cfg = ChaosConfig(
+        out_dir=args.out.resolve(),
+        seed=args.seed,
+        faults=args.faults,
+        kinds=kinds,
+        quick=args.quick,
+        max_steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        group_size=args.group_size,
+    )
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    signal.signal(signal.SIGTERM, _interrupt)
+    start = time.monotonic()
+    demo, index_dir, warm, rows = build_world(cfg)
+    paths = (index_dir, warm, rows)
+    print(f"world ready in {time.monotonic() - start:.0f}s", flush=True)
+    base = run_once(cfg, demo, paths, cfg.out_dir / "run-no-faults", faults=0)
+    print(f"fault-free run done at {time.monotonic() - start:.0f}s", flush=True)
+    chaos = run_once(cfg, demo, paths, cfg.out_dir / "run-faults", faults=cfg.faults)
+    line, ok = report(cfg, chaos, base)
+    print(f"wall_s={time.monotonic() - start:.0f}", flush=True)
+    print(line, flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""bench/chaos.py: its ledger (fast), and three faults on the quick demo's stack (slow)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.chaos_ledger import lineage, settle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_resume_from_an_older_checkpoint_replaces_the_steps_after_it() -> None:
+    records = [
+        {"step": 1, "trajectory_ids": ["a", "b"]},
+        {"step": 2, "trajectory_ids": ["c", "d"]},
+        {"step": 3, "trajectory_ids": ["e", "f"]},
+        # killed after step 3's line, before its checkpoint: step 3 again, other batches
+        {"step": 3, "trajectory_ids": ["f", "g"]},
+        {"step": 4, "trajectory_ids": ["e", "h"]},
+    ]
+    assert lineage(records) == {1: ["a", "b"], 2: ["c", "d"], 3: ["f", "g"], 4: ["e", "h"]}
+    result = settle(set("abcdefgh"), records, acked=set(), dead={})
+    assert (result.lost, result.duplicated, result.rewinds, result.steps) == ([], [], 1, 4)
+
+
+def test_lost_duplicated_dead_and_unlogged_are_told_apart() -> None:
+    records = [{"step": 1, "trajectory_ids": ["a", "b"]}, {"step": 2, "trajectory_ids": ["b"]}]
+    result = settle({"a", "b", "c", "d", "e"}, records, acked={"a", "b", "c", "d"}, dead={"d": "x"})
+    # c: acked (its checkpoint made it durable) but its step line was never written
+    assert result.unlogged == ["c"]
+    assert result.duplicated == ["b"]
+    assert result.lost == ["d", "e"]  # d was dead-lettered, e never trained
+    assert result.dead == {"d": "x"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    """A trainer kill, a Redis kill and a refused weight push (~8 min on 2 cores)."""
+    cmd = [
+        sys.executable, "-P", str(ROOT / "bench" / "chaos.py"), "--quick", "--faults", "3",
+        "--kinds", "kill:trainer,kill:redis,refuse_push", "--groups-per-step", "2",
+        "--group-size", "2", "--out", str(tmp_path / "chaos"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1450)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    values = dict(kv.split("=", 1) for kv in last.split())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert values["faults"] == values["recovered"] == "3"
+    assert (values["lost"], values["duplicated"]) == ("0", "0")
+    assert values["steps"] == "18"  # 4 per fault + 6: every step done
