@@ -318,6 +318,19 @@ class InferenceClient:
         data = await self._request("POST", "/end_weight_update", {}, retries=0)
         self._check_success("/end_weight_update", data)
 
+    async def destroy_weights_update_group(self, group_name: str) -> bool:
+        """Ask the engine to free a weight group (SGLang's route). False when it has no such
+        group, or no such route (then nothing can be freed from outside)."""
+        try:
+            data = await self._request(
+                "POST", "/destroy_weights_update_group", {"group_name": group_name}, retries=0
+            )
+        except InferenceBadRequest as e:
+            if e.status in (404, 405) or "does not exist" in str(e):
+                return False
+            raise
+        return not (isinstance(data, dict) and data.get("success") is False)
+
     async def init_weights_update_group(self, join: GroupJoin) -> None:
         data = await self._request(
             "POST", "/init_weights_update_group", join.model_dump(), retries=0

@@ -255,6 +255,9 @@ class TorchEngine:
         # Joining blocks until every rank arrives: not on the scheduler thread.
         await asyncio.to_thread(self.weights.init_group, join)
 
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        await asyncio.to_thread(self.weights.destroy_group, group_name)
+
     async def update_weights_from_distributed(
         self, bucket: Bucket, version: int | None = None
     ) -> int:

@@ -30,7 +30,7 @@ from inference.sampling import (
     SamplingParams,
     check_text,
 )
-from inference.weight_group import Bucket, GroupJoin
+from inference.weight_group import Bucket, GroupDestroy, GroupJoin
 from searchr1.service import create_service_app, require_token
 
 log = logging.getLogger(__name__)
@@ -266,6 +266,14 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         except Exception as e:  # rendezvous timeout, unreachable master
             return _fail(e, 500)
         return JSONResponse({"success": True, "message": "Succeeded to initialize group."})
+
+    @app.post("/destroy_weights_update_group", dependencies=admin)
+    async def destroy_weights_update_group(req: GroupDestroy) -> JSONResponse:
+        try:
+            await engine.destroy_weights_update_group(req.group_name)
+        except ValueError as e:
+            return _fail(e)
+        return JSONResponse({"success": True, "message": "Succeeded to destroy the group."})
 
     @app.post("/update_weights_from_distributed", dependencies=admin)
     async def update_weights_from_distributed(req: Bucket) -> JSONResponse:

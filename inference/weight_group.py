@@ -46,6 +46,14 @@ class GroupJoin(BaseModel):
     backend: Literal["nccl", "gloo"] = "nccl"
 
 
+class GroupDestroy(BaseModel):
+    """SGLang's `/destroy_weights_update_group` body."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
+
+
 class Bucket(BaseModel):
     """One broadcast of tensors: SGLang's `/update_weights_from_distributed` body. The tensors
     themselves follow over the group, one broadcast each, in this order."""

@@ -95,6 +95,9 @@ class WeightSender:
         self._group: Any = None
         self._store: Any = None  # the rendezvous server on master_port, from the first connect
         self.refusal_grace_s = 5.0
+        self._abandoned: list[
+            str
+        ] = []  # groups given up; the engines free them at the next connect
 
     async def connect(self) -> None:
         """Create the group: engines join as ranks 1..N, this process is rank 0."""
@@ -152,6 +155,24 @@ class WeightSender:
             info = await self._clients[0].get_model_info()
             self._dtype = dtype_from_name(info["dtype"]) if info.get("dtype") else None
         log.info("weight group ready", extra={"engines": len(self._clients)})
+        # Only now: an engine that could not join the new group keeps the old ones it has.
+        await self._destroy_on_engines(self._abandoned)
+        self._abandoned.clear()
+
+    async def _destroy_on_engines(self, names: list[str]) -> None:
+        """Best effort: each engine frees these groups (sockets, NCCL communicators). A group an
+        engine no longer has (it restarted, or freed it itself) is not an error."""
+        for name in names:
+            results = await asyncio.gather(
+                *(c.destroy_weights_update_group(name) for c in self._clients),
+                return_exceptions=True,
+            )
+            for c, r in zip(self._clients, results, strict=True):
+                if isinstance(r, BaseException):
+                    log.warning(
+                        "could not destroy a weight group on an engine",
+                        extra={"engine": c.base_url, "group": name, "error": repr(r)},
+                    )
 
     def _buckets(
         self, named: Iterable[tuple[str, torch.Tensor]]
@@ -291,9 +312,11 @@ class WeightSender:
         group, self._group = self._group, None
         if group is not None:
             abandon_weight_group(group)
+            self._abandoned.append(self.group_name)
 
     async def close(self) -> None:
         if self._group is not None:
+            await self._destroy_on_engines([self.group_name])
             destroy_weight_group(self._group)
             self._group = None
         await asyncio.gather(*(c.aclose() for c in self._clients))

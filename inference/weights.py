@@ -124,6 +124,13 @@ class WeightLoader:
         self.groups = {group_name: group}
         log.info("joined weight update group", extra={"group": group_name, "rank": rank_offset})
 
+    def destroy_group(self, group_name: str) -> None:
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            raise ValueError("The group to be destroyed does not exist.")  # SGLang's words
+        destroy_weight_group(group)
+        log.info("destroyed weight update group", extra={"group": group_name})
+
     def begin_session(self) -> None:
         if self.session is not None:
             raise ValueError(

@@ -214,3 +214,27 @@ def test_a_sender_process_exits_promptly_after_a_refused_push(
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert done.returncode == 1 and "refused the update" in done.stderr
+
+
+async def test_a_closed_or_abandoned_group_is_destroyed_on_the_engine(
+    client: InferenceClient, server: Target, tiny_model_dir: Path
+) -> None:
+    """Every reconnect makes a new group; engines used to keep each one (sockets, NCCL
+    communicators) until they restarted. The sender now asks them to destroy the groups it
+    gave up (at its next connect) and its own at close, with SGLang's
+    /destroy_weights_update_group."""
+    tensors = load_file(str(tiny_model_dir / "model.safetensors"))
+    sender = WeightSender([server.url], master_port=free_port(), bucket_bytes=1 << 20, token=TOKEN)
+    await sender.connect()
+    first = sender.group_name
+    try:
+        await sender.push(tensors.items())
+        sender.disconnect()  # a failed push: the group is given up ...
+        await sender.connect()  # ... and destroyed on the engine once a new one is joined
+        assert sender.group_name != first
+        assert not await client.destroy_weights_update_group(first)  # already gone
+        await sender.push(tensors.items())
+        second = sender.group_name
+    finally:
+        await sender.close()
+    assert not await client.destroy_weights_update_group(second)  # close destroyed it
