@@ -55,9 +55,24 @@ def _dp_group() -> Any:
     return ps.get_data_parallel_group()
 
 
+def _owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
+    """The Megatron optimizer holding `param` (get_megatron_optimizer may chain several); None
+    where the distributed optimizer gave this DP rank no part of it."""
+    for opt in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer]):
+        if backend.cfg.megatron.distributed_optimizer:
+            if param in opt.model_param_gbuf_map:
+                return opt
+        elif any(p is param for g in opt.optimizer.param_groups for p in g["params"]):
+            return opt
+    assert backend.cfg.megatron.distributed_optimizer, "a parameter without an optimizer"
+    return None
+
+
 def _local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int, dict]:
-    """(start, end, {moment: tensor}) of this DP rank's range of the flattened `param`."""
-    opt = backend.optimizer
+    """(start, end, {"param" and moments}) of this DP rank's range of the flattened `param`."""
+    opt = _owner(backend, param)
+    if opt is None:
+        return 0, 0, {}
     if backend.cfg.megatron.distributed_optimizer:
         rng = opt._get_model_param_range_map(param)["param"]
         if rng.size == 0:
@@ -121,7 +136,6 @@ def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> N
     }
     step = int(state["optimizer"]["step"])
     offset = layer_offset(s, layout)
-    opt = backend.optimizer
     for name, param in model.named_parameters():
         start, end, states = _local_state(backend, param)
         if end == start:
@@ -129,7 +143,7 @@ def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> N
         full_name = convert.full_name(name, offset, s)
         main = states["param"]
         main.copy_(param.detach().view(-1)[start:end].view_as(main))
-        inner = opt.optimizer.state.setdefault(main, {})
+        inner = _owner(backend, param).optimizer.state.setdefault(main, {})
         for k in _MOMENTS:
             shard = convert.shard(full_name, moments[k][full_name], layout.tp_rank, layout.tp)
             inner[k] = shard.reshape(-1)[start:end].clone().view_as(main).to(main)

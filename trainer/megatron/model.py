@@ -33,6 +33,7 @@ class ModelShape:
     qkv_bias: bool
     tied: bool
     max_positions: int
+    attention_dropout: float
     inv_freq: tuple[float, ...]  # RoPE inverse frequencies (scaling already applied)
 
 
@@ -85,6 +86,7 @@ def shape_from_hf(hf: Any) -> ModelShape:
         qkv_bias=qkv_bias,
         tied=bool(getattr(hf, "tie_word_embeddings", False)),
         max_positions=int(hf.max_position_embeddings),
+        attention_dropout=float(getattr(hf, "attention_dropout", 0.0) or 0.0),
         inv_freq=_rope_inv_freq(hf),
     )
 
@@ -112,8 +114,8 @@ def transformer_config(shape: ModelShape, *, tp: int, pp: int, dtype: torch.dtyp
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=0.0,  # Qwen2 / Llama have none
+        attention_dropout=shape.attention_dropout,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         params_dtype=torch.float32,  # fp32 master weights; bf16 is the compute dtype on GPU

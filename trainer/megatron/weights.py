@@ -104,7 +104,8 @@ def gather_full(
                 continue
             src = pp_ranks[stage]
             if stage == layout.pp_rank and me == 0:
-                yield full, t.float().cpu()
+                # A copy: the caller may keep it while training mutates the parameter.
+                yield full, t.detach().float().cpu().clone()
             elif stage == layout.pp_rank:
                 meta = [t.dim(), *t.shape, *[0] * (4 - t.dim())]
                 dist.send(torch.tensor(meta, dtype=torch.long, device=dev), dst=pp_ranks[0])
