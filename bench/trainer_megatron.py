@@ -1,13 +1,14 @@
 """Megatron backend vs HF backend: training tokens/s of one GRPO step on the same batches.
 
-    python bench/megatron.py [--samples 16] [--budget 1024] [--hidden 128] [--layers 2]
-                             [--repeats 2]
+    python bench/trainer_megatron.py [--samples 16] [--budget 1024] [--hidden 128]
+                                     [--layers 2] [--repeats 2]
 
 One process on CPU, fp32 (TP = PP = DP = 1): the old-logprob forward, the packed
 forward/backward and the optimizer step of `trainer.step.train_on`, on the same random Qwen2
 and the same trajectories for both backends; the first step of each backend is a warm-up.
 Multi-rank layouts are for correctness here (`tests/unit/trainer/megatron`): on a 2-core
-machine extra ranks only share the same cores. The last line is key=value pairs.
+machine extra ranks only share the same cores. The last line is key=value pairs. (Not named
+`bench/megatron.py`: the script's folder comes first on sys.path and would shadow megatron.)
 """
 
 from __future__ import annotations
