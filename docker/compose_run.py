@@ -50,6 +50,9 @@ TORCH_INDEX_PORT = int(os.environ.get("SEARCHR1_TORCH_INDEX_PORT", "47311"))
 PLUGIN_PACKAGES = {"compose": "docker-compose", "buildx": "docker-buildx"}  # Debian trixie
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 class StepFailed(Exception):
     """A step of the run failed; the message names it."""
 
@@ -379,8 +382,9 @@ def containers(env: dict[str, str]) -> dict[str, dict[str, object]]:
 
 def parse_summary(logs: str) -> dict[str, float]:
     """The demo's last line `em_before=... em_after=... wall_s=... engine=torch` as numbers."""
-    for line in reversed(logs.splitlines()):
-        line = line.split("|", 1)[-1].strip()  # compose prefixes "<container> | "
+    for raw in reversed(logs.splitlines()):
+        # compose may prefix "<container>  | " and emit terminal escapes (erase-line)
+        line = ANSI_ESCAPE.sub("", raw).split("|", 1)[-1].strip()
         if line.startswith("em_before="):
             pairs = (kv.split("=", 1) for kv in line.split())
             return {k: float(v) for k, v in pairs if re.fullmatch(r"-?[\d.]+|nan", v)}

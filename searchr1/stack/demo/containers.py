@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--runs", type=Path, default=Path("/runs"))
     r.add_argument("--data", type=Path, default=Path("/data/test.jsonl"))
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from searchr1.logs import setup_logging
+
+    setup_logging("demo", "INFO", json_format=False)  # as `searchr1 demo`: phases, steps, losses
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per evaluation request
     if args.command == "setup":
         setup(args.runs, args.data, args.index, args.model, args.seed)
     else:

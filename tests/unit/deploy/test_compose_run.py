@@ -35,6 +35,9 @@ searchr1-demo-report-1  | em_before=0.014 em_after=0.957 wall_s=485.687 engine=t
 def test_the_summary_line_is_read_as_numbers() -> None:
     got = cr.parse_summary(REPORT)
     assert got == {"em_before": 0.014, "em_after": 0.957, "wall_s": 485.687}
+    # As `docker compose logs` printed it in a real run: erase-line escapes, no prefix.
+    real = "\x1b[2K\u2514\u2500\u2518\n\x1b[2Kem_before=0.014 em_after=0.928 engine=torch\n"
+    assert cr.parse_summary(real)["em_after"] == 0.928
     with pytest.raises(cr.StepFailed, match="no summary line"):
         cr.parse_summary("searchr1-demo-report-1  | Traceback ...\n")
 
