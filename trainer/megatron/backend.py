@@ -78,6 +78,10 @@ class MegatronBackend(TrainerBackend):
         )
         # Sum over DP (see the module docstring).
         self.tconfig.calculate_per_token_loss = True
+        if cfg.model.gradient_checkpointing:  # Megatron's own: recompute every layer
+            self.tconfig.recompute_granularity = "full"
+            self.tconfig.recompute_method = "uniform"
+            self.tconfig.recompute_num_layers = 1
         full = convert.hf_to_full(hf_state, s, self.padded_vocab)
         model = self._build(full)
         self.ref_model: nn.Module | None = None

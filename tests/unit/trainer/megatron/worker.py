@@ -7,6 +7,7 @@ Megatron backend over all ranks; a failed check raises (non-zero exit). Rank 0 w
 measured differences as JSON to argv[-1].
 
     torchrun --nproc-per-node N worker.py TP PP TIED OUT.json
+    torchrun --nproc-per-node 1 worker.py recompute
 """
 
 from __future__ import annotations
@@ -46,7 +47,33 @@ def hf_reference(model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor]]: 
     return lps, ents
 
 
+def recompute() -> None:
+    """`trainer.model.gradient_checkpointing` (Megatron's full recompute) changes no gradient."""
+    from trainer.megatron.backend import MegatronBackend
+
+    hf = tiny(False)
+    seqs = [sequence_from_trajectory(t)[0] for t in make_batch(1, 3, seed=1)]
+    mb = build_microbatch(seqs, [0, 1, 2], packed=True)
+    grads = []
+    for checkpointing in (False, True):
+        cfg = TrainerConfig(
+            backend="megatron",
+            loss={"kl_coef": 0.0},
+            model={"gradient_checkpointing": checkpointing},
+        )
+        state = {k: v.clone() for k, v in hf.state_dict().items()}
+        meg = MegatronBackend(state, hf.config, cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+        meg.forward_backward(
+            [mb], lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
+        )
+        grads.append({n: p.main_grad.clone() for n, p in meg.ddp.module.named_parameters()})
+    for name, g in grads[0].items():
+        assert g.abs().max() > 0 and torch.equal(g, grads[1][name]), name
+
+
 def main() -> None:
+    if sys.argv[1] == "recompute":
+        return recompute()
     tp, pp, tied, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     from trainer.hf_backend import HFBackend
