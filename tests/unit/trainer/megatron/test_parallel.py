@@ -74,21 +74,6 @@ def test_megatron_equals_hf_backend(
         assert diffs[key] <= 1e-5, (key, diffs)
     # A fresh backend loading the full state takes the next step bit-identically.
     assert diffs["resume"] == 0.0 and diffs["steps_after_resume"] == 2, diffs
+    # One rank: gradient checkpointing (Megatron's recompute) changes no gradient.
+    assert diffs.get("recompute_checked") == (1.0 if ranks == 1 else None)
     assert diffs["metric_grad_norm"] <= 1e-5 * max(1.0, diffs["value_grad_norm"]), diffs
-
-
-def test_gradient_checkpointing_changes_no_gradient() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "1",
-        "--master-port",
-        str(_free_port()),
-        str(WORKER),
-        "recompute",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-6000:]
