@@ -83,7 +83,7 @@ return {ids[1], prev}
 """
 
 # KEYS: claims, owners; ARGV: ttl_ms, worker, group ids. Extends the claims still held by
-# `worker`; returns the ids it no longer holds.
+# `worker`; returns the ids another worker holds now (a finished group is simply gone).
 _RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -91,9 +91,10 @@ local ttl = tonumber(ARGV[1])
 local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if redis.call('HGET', KEYS[2], id) == ARGV[2] and redis.call('ZSCORE', KEYS[1], id) then
+  local owner = redis.call('HGET', KEYS[2], id)
+  if owner == ARGV[2] then
     redis.call('ZADD', KEYS[1], 'XX', now + ttl, id)
-  else
+  elseif owner then
     table.insert(lost, id)
   end
 end

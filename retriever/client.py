@@ -46,7 +46,12 @@ def _parse_hit(item: Any) -> SearchHit:
 
 class RetrieverClient:
     def __init__(
-        self, base_url: str, *, timeout_s: float = 10.0, max_connections: int = 256
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 10.0,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = httpx.AsyncClient(
@@ -55,6 +60,7 @@ class RetrieverClient:
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
+            transport=transport,  # None: httpx's own pool
         )
 
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[SearchHit]]:
