@@ -494,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         with torch_index() as torch_env:
             env = compose_env({**images, **torch_env})
+            # One image first: compose builds services in parallel, and on a cache miss each
+            # would install the same dependency layer at once; after it, the rest are hits.
+            run(compose("build", "orchestrator"), "building the orchestrator image", env=env)
             run(compose("build"), "docker compose --profile cpu build", env=env, cwd=ROOT)
         # Images the rebuild replaced (and the one-shot services' duplicate tags) hold nothing
         # but old layers: without this a CI machine keeps a venv per dependency change.
