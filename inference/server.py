@@ -8,10 +8,8 @@ calls one engine method, and maps ValueError to 400, overload to 429.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -31,7 +29,7 @@ from inference.sampling import (
     check_text,
 )
 from inference.weight_group import Bucket, GroupDestroy, GroupJoin
-from searchr1.service import create_service_app, require_token
+from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,29 +122,6 @@ def _fail(e: Exception, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": str(e)}, status_code=status)
 
 
-class ClientGone(Exception):
-    """The client of a running request disconnected."""
-
-
-async def _unless_disconnected(
-    request: Request, work: Coroutine[Any, Any, T], poll_s: float = 0.25
-) -> T:
-    """Await `work`, cancelling it if the client goes away (its timeout, a crash): the engine
-    then frees the request's slot at its next step instead of generating for nobody, and
-    retries of timed-out calls do not pile up until the queue is full."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=poll_s)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            DISCONNECTED.inc()
-            raise ClientGone
-
-
 def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> FastAPI:
     """The inference service app; the engine is created (and shut down) by the caller."""
 
@@ -171,10 +146,11 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
             REJECTED.labels("bad_request").inc()
             raise HTTPException(400, str(e)) from None
         try:
-            out = await _unless_disconnected(
+            out = await unless_disconnected(
                 request, engine.generate(req.input_ids, params, text=req.text, rid=req.rid)
             )
         except ClientGone:
+            DISCONNECTED.inc()
             return JSONResponse({"detail": "client disconnected"}, status_code=499)
         except ValueError as e:  # counted and logged by the engine
             raise HTTPException(400, str(e)) from None

@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from retriever.backends.base import Hit
+from retriever.backends.base import Hit, Overloaded
 from retriever.config import BatchingConfig
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,6 @@ SearchFn = Callable[[list[str], int], list[list[Hit]]]
 
 # Batches in flight between two stages: enough to overlap, small enough to bound latency.
 _HANDOFF_DEPTH = 2
-
-
-class Overloaded(RuntimeError):
-    """Too many queries queued: the caller should back off (HTTP 429)."""
 
 
 @dataclass

@@ -85,6 +85,11 @@ class SerperConfig(Section):
     backoff_s: float = Field(default=0.5, ge=0, description="First retry delay, doubled each time.")
     rate_limit_qps: float = Field(default=10.0, gt=0, description="Client-side request rate cap.")
     max_concurrency: int = Field(default=16, ge=1)
+    max_queued: int = Field(
+        default=256,
+        ge=1,
+        description="Queries waiting for (or in) a serper call at once; more get 429.",
+    )
 
 
 class HybridConfig(Section):

@@ -20,16 +20,21 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from prometheus_client import Counter
 from pydantic import BaseModel, Field, SecretStr, create_model, model_validator
 
 from retriever.backends import BackendUnavailable, Hit
 from retriever.config import LimitsConfig, RetrieverConfig
 from retriever.engine import BadRequest, Overloaded, RetrieverEngine, check_request
-from searchr1.service import create_service_app, require_token
+from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
 
 log = logging.getLogger(__name__)
+DISCONNECTED = Counter(
+    "searchr1_retriever_client_disconnects_total",
+    "Requests whose client went away before the answer; their searches were cancelled",
+)
 
 
 class RetrieveRequest(BaseModel):
@@ -138,12 +143,17 @@ def create_app(
     app = create_service_app("retriever", ready_checks={"index": index_loaded}, lifespan=lifespan)
     app.state.retriever = state
 
-    async def retrieve(req: RetrieveRequest) -> JSONResponse:
+    async def retrieve(req: RetrieveRequest, request: Request) -> JSONResponse:
         eng: RetrieverEngine | None = state["engine"]
         if eng is None:
             return _error(503, "index is still loading; poll /ready")
         try:
-            results = await eng.search(req.queries, req.topk, protocol="http")
+            results = await unless_disconnected(
+                request, eng.search(req.queries, req.topk, protocol="http")
+            )
+        except ClientGone:  # its queries were cancelled: web searches not yet sent never are
+            DISCONNECTED.inc()
+            return _error(499, "client disconnected")
         except BadRequest as e:
             return _error(422, str(e))
         except Overloaded as e:

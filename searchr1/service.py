@@ -18,6 +18,7 @@ service hands back in-flight work) and return, so the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
@@ -26,9 +27,9 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
@@ -199,6 +200,31 @@ async def _request_id_header(
     ),
 ) -> None:
     """Documentation only: RequestContextMiddleware reads the header."""
+
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client of a running request disconnected."""
+
+
+async def unless_disconnected(
+    request: Request, work: Coroutine[Any, Any, T], poll_s: float = 0.25
+) -> T:
+    """Await `work`, cancelling it if the client goes away (its timeout, a crash): nothing
+    is computed (or paid for) for nobody, and retries of timed-out calls do not pile up until
+    the queue is full. Raises ClientGone (answer 499)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientGone
 
 
 def create_service_app(

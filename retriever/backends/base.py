@@ -13,6 +13,10 @@ class BackendUnavailable(RuntimeError):
     """The backend cannot answer now (e.g. serper down or out of retries): HTTP 503."""
 
 
+class Overloaded(RuntimeError):
+    """Too many queries queued: the caller should back off (HTTP 429)."""
+
+
 class BatchBackend(Protocol):
     """A CPU/GPU-bound backend, called from the batching worker thread only (never concurrently).
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from retriever.backends.base import BackendUnavailable, Hit
+from retriever.backends.base import BackendUnavailable, Hit, Overloaded
 from retriever.config import SerperConfig
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,22 @@ class WebBackend:
         )
         self._limiter = RateLimiter(cfg.rate_limit_qps)
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self.queued = 0  # queries waiting for the rate limiter or in a serper call
 
     async def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        return list(await asyncio.gather(*(self._one(q, topk) for q in queries)))
+        """Cancelling it (the server does when the client disconnects) cancels every query not
+        yet sent: abandoned work does not spend the API key."""
+        n = len(queries)
+        if self.queued + n > self.cfg.max_queued:
+            raise Overloaded(
+                f"web search queue full: {self.queued} queued + {n} > "
+                f"retriever.serper.max_queued {self.cfg.max_queued}"
+            )
+        self.queued += n
+        try:
+            return list(await asyncio.gather(*(self._one(q, topk) for q in queries)))
+        finally:
+            self.queued -= n
 
     async def _one(self, query: str, topk: int) -> list[Hit]:
         body = {"q": query, "num": topk, "gl": self.cfg.gl, "hl": self.cfg.hl}

@@ -87,3 +87,25 @@ def test_missing_serper_key_fails_fast_with_status_1(fake, monkeypatch):
     with pytest.raises(RuntimeError, match="exited with status 1"):
         rp.start()
     rp.stop()
+
+
+def test_a_client_that_goes_away_cancels_its_web_searches(fake):
+    """The server cancels the handler of a request whose client disconnected, so its queries
+    stop waiting for the rate limiter and are never sent (each costs API credit)."""
+    env = {
+        "SERPER_API_KEY": "secret-key",
+        "SEARCHR1_RETRIEVER__SERPER__URL": fake.url,
+        "SEARCHR1_RETRIEVER__SERPER__RATE_LIMIT_QPS": "4",
+    }
+    with RetrieverProcess(None, web=True, grpc=False, env=env) as rp:
+        before = len(fake.bodies)
+        queries = [f"abandoned {i}" for i in range(12)]  # 3 s at 4/s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{rp.url}/retrieve", json={"queries": queries, "topk": 1}, timeout=0.5)
+        import time
+
+        time.sleep(2.5)
+        sent = len(fake.bodies) - before
+        assert sent < 8, sent
+        metrics = httpx.get(f"{rp.url}/metrics").text
+        assert "searchr1_retriever_client_disconnects_total 1.0" in metrics

@@ -118,3 +118,35 @@ def test_missing_key_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("SERPER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="SERPER_API_KEY"):
         WebBackend(SerperConfig())
+
+
+async def test_the_queue_is_bounded(fake):
+    """Queries waiting behind the rate limiter used to queue without bound."""
+    from retriever.backends.base import Overloaded
+
+    web = WebBackend(cfg(fake, rate_limit_qps=5.0, max_queued=4), api_key="test-key")
+    try:
+        first = asyncio.create_task(web.search([f"a{i}" for i in range(3)], 1))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded, match=r"retriever\.serper\.max_queued"):
+            await web.search(["b0", "b1"], 1)  # 3 + 2 > 4
+        assert len(await first) == 3
+        assert len(await web.search(["c0"], 1)) == 1  # the queue drained: accepted again
+    finally:
+        await web.aclose()
+
+
+async def test_abandoned_searches_stop_spending_the_api_key(fake):
+    web = WebBackend(cfg(fake, rate_limit_qps=4.0), api_key="test-key")
+    try:
+        task = asyncio.create_task(web.search([f"q{i}" for i in range(8)], 1))
+        await asyncio.sleep(0.3)
+        task.cancel()  # the client went away (the server cancels its handler)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        sent = len(fake.arrivals)
+        await asyncio.sleep(1.0)  # 8 queries at 4/s would take 2 s
+        assert len(fake.arrivals) == sent < 8
+        assert web.queued == 0
+    finally:
+        await web.aclose()
