@@ -65,14 +65,16 @@ class MegatronBackend(TrainerBackend):
         self.dp_rank, self.dp_size = self.layout.dp_rank, self.layout.dp
         self.vocab_size = s.vocab_size
         self.padded_vocab = padded_vocab(s.vocab_size, mcfg.tp, mcfg.vocab_multiple)
-        if cfg.model.dtype == DType.BFLOAT16:
-            # Not wired yet: bf16 needs Megatron's Float16Module around the model (fp32 main
-            # params stay in the optimizer) and an HF-layout gather of the main params.
+        # `auto` is fp32 on CPU, bf16 on CUDA (as the HF backend).
+        bf16 = cfg.model.dtype == DType.BFLOAT16 or (
+            cfg.model.dtype == DType.AUTO and not self.on_cpu
+        )
+        if bf16 and not mcfg.distributed_optimizer:
+            # Its fp32 main parameters are what checkpoints read (checkpoint.py).
             raise ValueError(
-                "trainer.backend megatron trains in float32 for now: set "
-                "trainer.model.dtype to float32 or auto"
+                "trainer.model.dtype bfloat16 needs trainer.megatron.distributed_optimizer: true"
             )
-        self.compute_dtype = torch.float32
+        self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
         self.tconfig = make_config(
             s, tp=mcfg.tp, pp=mcfg.pp, dtype=self.compute_dtype, cpu=self.on_cpu
         )
@@ -116,6 +118,12 @@ class MegatronBackend(TrainerBackend):
                 post=self.layout.last_stage,
             )
         model = model.to(self.device)
+        if self.compute_dtype != torch.float32:
+            # Every parameter in the compute dtype (the torch norms are built fp32): Megatron's
+            # distributed optimizer indexes its main params assuming one dtype per group.
+            # Parameters only: the RoPE frequencies (a buffer) stay fp32.
+            for p in model.parameters():
+                p.data = p.data.to(self.compute_dtype)
         load_full(model, full, self.shape, self.layout)
         return model
 
@@ -132,7 +140,7 @@ class MegatronBackend(TrainerBackend):
             adam_eps=o.eps,
             clip_grad=o.grad_clip or 0.0,
             bf16=self.compute_dtype == torch.bfloat16,
-            params_dtype=torch.float32,
+            params_dtype=self.compute_dtype,
             use_distributed_optimizer=self.cfg.megatron.distributed_optimizer,
         )
         with self._device_ctx():

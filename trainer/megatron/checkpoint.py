@@ -109,7 +109,9 @@ def _hf(backend: MegatronBackend, value: Any = None) -> dict[str, torch.Tensor]:
 
 def full_state(backend: MegatronBackend) -> dict[str, Any]:
     """Complete on global rank 0 (collective)."""
-    state: dict[str, Any] = {"model": _hf(backend)}
+    # The fp32 main parameters where the model's are bf16 (the same values in fp32).
+    bf16 = next(backend.ddp.module.parameters()).dtype != torch.float32
+    state: dict[str, Any] = {"model": _hf(backend, _moment(backend, "param") if bf16 else None)}
     state["optimizer"] = {k: _hf(backend, _moment(backend, k)) for k in _MOMENTS}
     state["optimizer"]["step"] = backend.optimizer_steps
     state["scheduler"] = {"train_steps": backend._train_steps}
@@ -130,7 +132,8 @@ def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> N
     if state is None:
         raise ValueError("no state to load on rank 0")
     s, layout, model = backend.shape, backend.layout, backend.ddp.module
-    load_full(model, convert.hf_to_full(state["model"], s, backend.padded_vocab), s, layout)
+    weights = convert.hf_to_full(state["model"], s, backend.padded_vocab)
+    load_full(model, weights, s, layout)
     moments = {
         k: convert.hf_to_full(state["optimizer"][k], s, backend.padded_vocab) for k in _MOMENTS
     }
@@ -141,8 +144,9 @@ def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> N
         if end == start:
             continue
         full_name = convert.full_name(name, offset, s)
-        main = states["param"]
-        main.copy_(param.detach().view(-1)[start:end].view_as(main))
+        main = states["param"]  # fp32 (a view of the parameter itself when that is fp32)
+        full = convert.shard(full_name, weights[full_name], layout.tp_rank, layout.tp)
+        main.copy_(full.reshape(-1)[start:end].view_as(main))
         inner = _owner(backend, param).optimizer.state.setdefault(main, {})
         for k in _MOMENTS:
             shard = convert.shard(full_name, moments[k][full_name], layout.tp_rank, layout.tp)

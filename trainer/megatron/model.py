@@ -118,7 +118,8 @@ def transformer_config(shape: ModelShape, *, tp: int, pp: int, dtype: torch.dtyp
         attention_dropout=shape.attention_dropout,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        params_dtype=torch.float32,  # fp32 master weights; bf16 is the compute dtype on GPU
+        # bf16: the model's weights are bf16, the (distributed) optimizer keeps fp32 main copies.
+        params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         attention_softmax_in_fp32=True,

@@ -77,3 +77,22 @@ def test_megatron_equals_hf_backend(
     # One rank: gradient checkpointing (Megatron's recompute) changes no gradient.
     assert diffs.get("recompute_checked") == (1.0 if ranks == 1 else None)
     assert diffs["metric_grad_norm"] <= 1e-5 * max(1.0, diffs["value_grad_norm"]), diffs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ranks", "tp"), [(2, 1), (2, 2)], ids=["dp2", "tp2"])
+def test_bf16_step_and_resume(ranks: int, tp: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(_free_port()),
+        str(WORKER.with_name("bf16_worker.py")),
+        str(tp),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
