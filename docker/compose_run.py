@@ -46,6 +46,7 @@ LOCAL_REDIS_IMAGE = "searchr1-local/redis:7-bookworm"
 # The four images and the services of the `cpu` profile that must turn healthy.
 SERVERS = ("redis", "retriever", "inference-cpu", "orchestrator", "trainer-cpu")
 FINAL = "demo-report"
+PROJECT = os.environ.get("SEARCHR1_COMPOSE_PROJECT", "searchr1-demo")
 BUILD_CACHE_KEEP = os.environ.get("SEARCHR1_BUILD_CACHE_KEEP", "8GB")  # least recent goes first
 TORCH_INDEX_PORT = int(os.environ.get("SEARCHR1_TORCH_INDEX_PORT", "47311"))
 PLUGIN_PACKAGES = {"compose": "docker-compose", "buildx": "docker-buildx"}  # Debian trixie
@@ -368,7 +369,9 @@ def compose_env(images: dict[str, str]) -> dict[str, str]:
 
 
 def compose(*args: str) -> list[str]:
-    return ["docker", "compose", "--project-directory", str(ROOT), "--profile", "cpu", *args]
+    # Its own project name: `down --volumes` must never touch a user's `searchr1` stack.
+    return ["docker", "compose", "--project-directory", str(ROOT), "--project-name", PROJECT,
+            "--profile", "cpu", *args]  # fmt: skip
 
 
 def containers(env: dict[str, str]) -> dict[str, dict[str, object]]:

@@ -92,3 +92,10 @@ def test_dev_py_and_ci_run_it() -> None:
     steps = [line for line in (stack.ROOT / ".ci" / "run").read_text().splitlines()
              if line.startswith("python3 dev.py")]  # fmt: skip
     assert steps == ["python3 dev.py test", "python3 dev.py sglang", "python3 dev.py compose"]
+
+
+def test_it_runs_its_own_compose_project() -> None:
+    """`down --volumes` at its start and end must not delete a user's `searchr1` volumes."""
+    cmd = cr.compose("down", "--volumes")
+    project = cmd[cmd.index("--project-name") + 1]
+    assert project != stack.compose_raw()["name"]
