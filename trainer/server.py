@@ -150,4 +150,9 @@ async def run_follower(loop: TrainingLoop, *, resume: bool) -> int:
 
 
 def make_bus(url: str, cfg: BusConfig) -> TrajectoryBus:
+    # One trainer per stream (its lease), so one stable consumer name: a restarted trainer (new
+    # pid, new pod) reads back the entries its dead predecessor held at once, instead of after
+    # bus.reclaim_idle_s (found by bench/chaos.py: every trainer crash stalled the run 60 s).
+    if cfg.consumer is None:
+        cfg = cfg.model_copy(update={"consumer": f"{cfg.group}-trainer"})
     return TrajectoryBus.from_url(url, cfg)

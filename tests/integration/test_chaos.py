@@ -49,9 +49,8 @@ def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Pa
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1450)
-    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    values = dict(kv.split("=", 1) for kv in last.split())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    values = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
     assert values["faults"] == values["recovered"] == "3"
     assert (values["lost"], values["duplicated"]) == ("0", "0")
     assert values["steps"] == "18"  # 4 per fault + 6: every step done
