@@ -225,7 +225,9 @@ class Monitor(threading.Thread):
 
     def typical_step_s(self) -> float:
         gaps = [b - a for a, b in itertools.pairwise(self.step_times)]
-        return statistics.median(gaps) if gaps else 2.0
+        if len(gaps) < 5:  # one gap may be a fault's stall
+            return min(gaps, default=2.0)
+        return statistics.median(gaps)
 
     def step_after(self, t: float) -> bool:
         return any(s > t for s in self.step_times)
