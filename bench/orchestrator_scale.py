@@ -64,12 +64,16 @@ CATEGORIES = [  # (label, substrings of the file path or built-in's name), first
         "start-up (imports)",
         ("importlib", "marshal", "import_utils", "create_dynamic", "compile", "__build_class__"),
     ),
-    ("http client (httpx/httpcore/h11)", ("httpx", "httpcore", "h11", "anyio", "ssl")),
+    (
+        "http client (httpx, aiohttp, retries)",
+        ("http", "h11", "anyio", "ssl", "tenacity", "urllib", "ipaddress", "inference/client"),
+    ),
     ("tokenization", ("tokenizers", "transformers")),
     ("protobuf", ("protobuf", "_pb2", "/protos/", "upb")),
     ("redis", ("redis",)),
     ("json", ("json",)),
-    ("event loop", ("asyncio", "selectors", "select", "epoll", "socket")),
+    ("sockets", ("socket",)),
+    ("event loop", ("asyncio", "selectors", "select", "epoll", "concurrent/futures")),
     ("logging / metrics", ("logging", "prometheus")),
     ("orchestrator code", ("orchestrator/", "searchr1/")),
 ]
