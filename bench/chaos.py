@@ -90,6 +90,7 @@ class ChaosConfig:
     checkpoint_every: int = 2
     recover_timeout_s: float = 300.0
     run_timeout_s: float = 3600.0
+    stall_timeout_s: float = 300.0
 
     @property
     def steps(self) -> int:
@@ -392,6 +393,10 @@ def run_once(
             wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
             print(f"  recovered in {fault.recover_s}", flush=True)
         while not stack.done and time.monotonic() < deadline:
+            last = max([stack.ready_at or 0.0, *monitor.step_times[-1:]])
+            if time.monotonic() - last > cfg.stall_timeout_s:  # a hang: stop and report it
+                print(f"no step for {cfg.stall_timeout_s:.0f}s: stopping the run", flush=True)
+                break
             time.sleep(0.5)
     finally:
         stack.stop()
