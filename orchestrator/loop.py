@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 from orchestrator import metrics
@@ -51,6 +52,21 @@ class Bus(Protocol):
     config: BusConfig
 
     async def publish(self, trajectories: list[Any]) -> list[str]: ...
+
+
+def step_groups(run_id: str, step: int, batch: list[Prompt]) -> dict[str, Prompt]:
+    """group id -> prompt for one step. A step straddling two epochs may draw a prompt twice:
+    the repeat is a group of its own (`<prompt_id>#2`); keyed by prompt id alone it vanished, the
+    step published a group short, and the trainer waited forever for its last batch (found by
+    bench/chaos.py)."""
+    groups: dict[str, Prompt] = {}
+    for prompt in batch:
+        p, n = prompt, 1
+        while f"{run_id}/{step}/{p.prompt_id}" in groups:
+            n += 1
+            p = replace(prompt, prompt_id=f"{prompt.prompt_id}#{n}")
+        groups[f"{run_id}/{step}/{p.prompt_id}"] = p
+    return groups
 
 
 class RunIdInUse(RuntimeError):
@@ -265,7 +281,7 @@ class Orchestrator:
     async def run_step(self, step: int) -> dict[str, float]:
         self.step_version = await self.wait_for_weights(step)
         start = time.perf_counter()
-        prompts = {f"{self.run_cfg.id}/{step}/{p.prompt_id}": p for p in self.sampler.batch(step)}
+        prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
         results = await self.claims.run_step(
             step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
         )
