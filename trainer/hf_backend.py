@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
 from trainer.batching import MicroBatch
 from trainer.config import DType, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
+from trainer.export import write_hf_dir
 from trainer.losses import entropy_from_logits
 
 T = TypeVar("T")
@@ -247,39 +247,18 @@ class HFBackend(TrainerBackend):
             yield from sd.items()
 
     def export_hf(self, out_dir: Path) -> Path | None:
-        from safetensors.torch import save_file
 
         sd = dict(self.named_tensors())
         if not self.is_main:
             return None
-        out_dir = Path(out_dir)
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         inner = getattr(self.model, "module", self.model)
-        inner.config.save_pretrained(tmp)
-        gen = getattr(inner, "generation_config", None)
-        if gen is not None:
-            gen.save_pretrained(tmp)
-        # Clones: tied embeddings share storage, which safetensors refuses to write.
-        tensors = {
-            k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in sd.items()
-        }
-        if getattr(inner.config, "tie_word_embeddings", False):
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        src = self.cfg.model.path
-        if src:  # tokenizer and chat template travel with the weights
-            for f in Path(src).iterdir():
-                if (
-                    f.is_file()
-                    and f.suffix not in (".safetensors", ".bin")
-                    and not (tmp / f.name).exists()
-                ):
-                    shutil.copy2(f, tmp / f.name)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-        return out_dir
+        return write_hf_dir(
+            sd,
+            inner.config,
+            Path(out_dir),
+            self.cfg.model.path,
+            generation_config=getattr(inner, "generation_config", None),
+        )
 
 
 def load_hf_model(cfg: TrainerConfig) -> nn.Module:

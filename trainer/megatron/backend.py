@@ -302,7 +302,7 @@ class MegatronBackend(TrainerBackend):
         yield from gather_hf(self.ddp.module, self.shape, self.layout)
 
     def export_hf(self, out_dir: Path) -> Path | None:
-        from trainer.megatron.export import write_hf_dir
+        from trainer.export import write_hf_dir
 
         tensors = dict(self.named_tensors())
         if not self.is_main:

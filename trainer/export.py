@@ -10,7 +10,11 @@ import torch
 
 
 def write_hf_dir(
-    tensors: dict[str, torch.Tensor], hf_config: Any, out_dir: Path, source: str | None
+    tensors: dict[str, torch.Tensor],
+    hf_config: Any,
+    out_dir: Path,
+    source: str | None,
+    generation_config: Any = None,
 ) -> Path:
     """Atomic: written next to `out_dir`, then renamed. Files of `source` other than weights
     (tokenizer, chat template, generation config) are copied along."""
@@ -20,6 +24,8 @@ def write_hf_dir(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     hf_config.save_pretrained(tmp)
+    if generation_config is not None:
+        generation_config.save_pretrained(tmp)
     # Clones: a tied lm_head shares storage with the embedding, which safetensors refuses.
     out = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in tensors.items()}
     if getattr(hf_config, "tie_word_embeddings", False):
