@@ -48,18 +48,19 @@ def batch(n: int, vocab: int, seed: int) -> list[Trajectory]:
 
 
 def model(hidden: int, layers: int, vocab: int):  # type: ignore[no-untyped-def]
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
+
+    from inference.tiny_model import qwen2_config
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
+    cfg = qwen2_config(
         vocab_size=vocab,
         hidden_size=hidden,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
         intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=2048,
-        tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(cfg)
 

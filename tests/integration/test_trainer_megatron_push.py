@@ -4,9 +4,7 @@ backend pushes the same weights (greedy tokens equal, logprobs within 1e-5)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import yaml
 from inference.client import InferenceClient
 from searchr1.redis_server import free_port
 from tests.support.inference_server import InferenceServerProcess
+from tests.support.torchrun import torchrun, torchrun_env
 
 pytest.importorskip("megatron.core")
 
@@ -56,20 +55,8 @@ async def test_megatron_push_equals_hf_push(tiny_model_dir: Path, tmp_path: Path
         stack = tmp_path / "stack.yaml"
         stack.write_text(yaml.safe_dump({"trainer": section}))
         export = tmp_path / "trained"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            str(WORKER),
-            str(stack),
-            str(export),
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        cmd = torchrun(2, str(WORKER), str(stack), str(export))
+        proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-6000:]
         after_megatron = await greedy(server.url)
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 
 pytest.importorskip("megatron.core")
 
-from tests.unit.trainer.megatron.test_parallel import _free_port
+from tests.support.torchrun import torchrun, torchrun_env
 
 HERE = Path(__file__).parent
 
@@ -32,20 +31,9 @@ def test_megatron_checkpoint_exports_in_one_process(tmp_path, tiny_model_dir) ->
     }
     stack = tmp_path / "stack.yaml"
     stack.write_text(yaml.safe_dump({"trainer": section}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = torchrun_env()
     direct = tmp_path / "direct"
-    train = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(_free_port()),
-        str(HERE / "ckpt_worker.py"),
-        str(stack),
-        str(direct),
-    ]
+    train = torchrun(2, str(HERE / "ckpt_worker.py"), str(stack), str(direct))
     proc = subprocess.run(train, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     # Its own process: the Megatron CPU shims must not reach the pytest process.

@@ -10,44 +10,22 @@ them by ~1e-3). Megatron's global state and the CPU shims stay in those processe
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.torchrun import torchrun, torchrun_env
 
 pytest.importorskip("megatron.core")
 
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def _free_port() -> int:
-    # Not torchrun's `--master-port 0`: its workers then get port 0 and never rendezvous.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(tmp_path: Path, ranks: int, tp: int, pp: int, tied: bool) -> dict[str, float]:
     out = tmp_path / "diffs.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(_free_port()),
-        str(WORKER),
-        str(tp),
-        str(pp),
-        "1" if tied else "0",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    cmd = torchrun(ranks, str(WORKER), str(tp), str(pp), "1" if tied else "0", str(out))
+    proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     diffs = json.loads(out.read_text())
     assert diffs["moved"] > 1e-4  # the step really changed the weights
@@ -82,17 +60,6 @@ def test_megatron_equals_hf_backend(
 @pytest.mark.slow
 @pytest.mark.parametrize(("ranks", "tp"), [(2, 1), (2, 2)], ids=["dp2", "tp2"])
 def test_bf16_step_and_resume(ranks: int, tp: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(_free_port()),
-        str(WORKER.with_name("bf16_worker.py")),
-        str(tp),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    cmd = torchrun(ranks, str(WORKER.with_name("bf16_worker.py")), str(tp))
+    proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
