@@ -86,23 +86,26 @@ class Fenced(RuntimeError):
     """An ack refused by Redis: this consumer no longer holds the lease it was fenced with."""
 
 
-# Ack only while the lease key still holds our token (checked and acked in one atomic script):
-# a trainer paused past its lease must not ack what the new holder will train again.
-# KEYS: lease, done set, stream; ARGV: token, now, retention_s, group, n_tids, tids..., ids...
-_FENCED_ACK_LUA = """
-local v = redis.call('GET', KEYS[1])
-if not v or cjson.decode(v)['token'] ~= ARGV[1] then
-  return redis.error_reply('FENCED the trainer lease is no longer ours')
+# Mark the ids consumed, then XACK + XDEL, in one atomic script. Fenced (a third key, the
+# trainer lease): only while that key still holds our token, checked in the same step, so a
+# trainer paused past its lease cannot ack what the new holder will train again.
+# KEYS: done set, stream[, lease]; ARGV: token, now, retention_s, group, n_tids, tids..., ids...
+_ACK_LUA = """
+if #KEYS == 3 then
+  local v = redis.call('GET', KEYS[3])
+  if not v or cjson.decode(v)['token'] ~= ARGV[1] then
+    return redis.error_reply('FENCED the trainer lease is no longer ours')
+  end
 end
 local now = tonumber(ARGV[2])
 local n = tonumber(ARGV[5])
 for i = 1, n do
-  redis.call('ZADD', KEYS[2], now, ARGV[5 + i])
+  redis.call('ZADD', KEYS[1], now, ARGV[5 + i])
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 for i = 6 + n, #ARGV do
-  redis.call('XACK', KEYS[3], ARGV[4], ARGV[i])
-  redis.call('XDEL', KEYS[3], ARGV[i])
+  redis.call('XACK', KEYS[2], ARGV[4], ARGV[i])
+  redis.call('XDEL', KEYS[2], ARGV[i])
 end
 return n
 """
@@ -186,7 +189,7 @@ class TrajectoryBus:
         self._claim_cursor = "0-0"
         self._group_ready = False
         self._publish_script = client.register_script(_PUBLISH_LUA)
-        self._fenced_ack_script = client.register_script(_FENCED_ACK_LUA)
+        self._ack_script = client.register_script(_ACK_LUA)
         self.fence: tuple[str, str] | None = None  # (lease key, token) that acks require
         self.retry = RedisRetry("bus", config.reconnect_timeout_s, error=BusUnavailable)
 
@@ -556,31 +559,20 @@ class TrajectoryBus:
         return len(tids)
 
     async def _ack_entries(self, entry_ids: list[str], tids: list[str]) -> None:
-        now = time.time()
+        keys = [self.done_key, self.stream]
+        token = ""
         if self.fence is not None:
-            key, token = self.fence
-            args = [token, now, self.config.dedup_retention_s, self.group, len(tids)]
-
-            async def fenced() -> None:
-                try:
-                    await self._fenced_ack_script(
-                        keys=[key, self.done_key, self.stream], args=[*args, *tids, *entry_ids]
-                    )
-                except ResponseError as e:
-                    if "FENCED" in str(e):
-                        raise Fenced(f"ack refused: {key} {str(e).partition(' ')[2]}") from None
-                    raise
-
-            await self._retrying("ack", fenced)
-            return
+            keys.append(self.fence[0])
+            token = self.fence[1]
+        args = [token, time.time(), self.config.dedup_retention_s, self.group, len(tids)]
 
         async def run() -> None:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.zadd(self.done_key, dict.fromkeys(tids, now))
-                pipe.zremrangebyscore(self.done_key, "-inf", now - self.config.dedup_retention_s)
-                pipe.xack(self.stream, self.group, *entry_ids)
-                pipe.xdel(self.stream, *entry_ids)
-                await pipe.execute()
+            try:
+                await self._ack_script(keys=keys, args=[*args, *tids, *entry_ids])
+            except ResponseError as e:
+                if "FENCED" in str(e):
+                    raise Fenced(f"ack refused: {keys[2]} {str(e).partition(' ')[2]}") from None
+                raise
 
         await self._retrying("ack", run)
 
