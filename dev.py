@@ -3,6 +3,7 @@
 
     python3 dev.py demo [ARGS...]   # the main job: the local end-to-end demo
     python3 dev.py test [ARGS...]   # lint, generated-code check and the test suite (what CI runs)
+    python3 dev.py slow [ARGS...]   # the `slow` tests: multi-rank, chaos, demo-sized (CI too)
     python3 dev.py sglang [ARGS...] # the contract tests against a real SGLang 0.5.21 (CI too)
     python3 dev.py compose [ARGS]   # the demo in containers: images built, `docker compose
                                     # --profile cpu up`, result checked, `down -v` (CI too)
@@ -212,6 +213,19 @@ def run_tests(args: list[str]) -> int:
     return 0 if rc == 5 and args else rc  # 5 = a filtered selection collected nothing
 
 
+def run_slow_tests(args: list[str]) -> int:
+    """The `slow`-marked tests the default suite leaves out (multi-rank Megatron parity, the
+    3-fault chaos run, three orchestrators with a kill, the fuzz run, demo-sized runs): CI runs
+    them as their own step so `dev.py test` stays a few minutes."""
+    env = _env()
+    cmd = [str(_bin("python")), "-m", "pytest", "-m", "slow and not sglang", *args]
+    rc = _run(cmd, cwd=ROOT, env=env)
+    if rc == 5:
+        print("dev.py slow: no slow test was collected", file=sys.stderr)
+        return 1
+    return rc
+
+
 def run_sglang_tests(args: list[str]) -> int:
     """Every `sglang`-marked test, against real SGLang servers (the tests start and stop them
     on tiny models with the interpreter of `.venv-sglang`). Never skips: a missing SGLang fails."""
@@ -238,7 +252,8 @@ def run_compose(args: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "sglang", "setup", "compose"}:
+    commands = {"demo", "test", "slow", "sglang", "setup", "compose"}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
@@ -247,6 +262,8 @@ def main() -> int:
         return run_tests(rest)
     if command == "demo":
         return run_demo(rest)
+    if command == "slow":
+        return run_slow_tests(rest)
     if command == "sglang":
         return run_sglang_tests(rest)
     if command == "compose":
