@@ -138,6 +138,13 @@ class OrchestratorConfig(Section):
     )
     epochs: int = Field(default=1, ge=1)
     weight_poll_s: float = Field(default=1.0, gt=0)
+    weight_wait_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="How long a step waits for the engine to serve the weights it needs before "
+        "the orchestrator stops with an error (exit 1). Above the trainer's step time plus its "
+        "push retry deadline (trainer.weight_push.retry_deadline_s, 600 s) and a trainer restart.",
+    )
     engine_retry_s: float = Field(
         default=600.0, gt=0, description="How long a sample waits for a down engine."
     )

@@ -73,6 +73,10 @@ class RunIdInUse(RuntimeError):
     """`run.id` names a run in Redis that this one must not silently continue."""
 
 
+class WeightsNotPushed(RuntimeError):
+    """The engine did not reach the version a step needs within `weight_wait_s`."""
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -217,21 +221,39 @@ class Orchestrator:
         return self.base_version + published // self.run_cfg.groups_per_step - lag
 
     async def wait_for_weights(self, step: int) -> int:
-        """Wait until the engine serves the version this step needs; returns that version."""
+        """Wait until the engine serves the version this step needs; returns that version.
+        Bounded by `weight_wait_s`: past it no trainer is pushing (it stopped, or its own push
+        deadline gave up), and waiting on in silence would hide that; the error makes the
+        service exit 1 with /ready red, which the supervisor or Kubernetes reports and restarts."""
         need = self.required_version(await self.published_count())
+        start = time.monotonic()
         logged = False
-        while True:
-            try:
-                if await self.engine_version() >= need:
-                    return need
-            except Exception as e:  # engine restarting: keep waiting, it is not an error yet
+        served: int | str = "nothing (unreachable)"
+        try:
+            while True:
+                try:
+                    served = await self.engine_version()
+                    if served >= need:
+                        return need
+                except Exception as e:  # engine restarting: keep waiting, it is not an error yet
+                    served = f"nothing ({type(e).__name__})"
+                    if not logged:
+                        log.warning("engine unreachable while waiting", extra={"error": repr(e)})
+                        logged = True
+                waited = time.monotonic() - start
+                metrics.WEIGHT_WAIT.set(waited)
+                if waited >= self.cfg.weight_wait_s:
+                    raise WeightsNotPushed(
+                        f"step {step} needs weight version {need}, the engine serves {served} "
+                        f"after {waited:.0f} s (orchestrator.weight_wait_s): is the trainer "
+                        "running and pushing to this engine?"
+                    )
                 if not logged:
-                    log.warning("engine unreachable while waiting", extra={"error": repr(e)})
+                    log.info("waiting for weights", extra={"step": step, "need_version": need})
                     logged = True
-            if not logged:
-                log.info("waiting for weights", extra={"step": step, "need_version": need})
-                logged = True
-            await asyncio.sleep(self.cfg.weight_poll_s)
+                await asyncio.sleep(self.cfg.weight_poll_s)
+        finally:
+            metrics.WEIGHT_WAIT.set(0)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -44,6 +44,10 @@ STALENESS = Histogram(
     "Engine weight version at publish minus the sample's weight version",
     buckets=(0, 1, 2, 3, 4, 8),
 )
+WEIGHT_WAIT = Gauge(
+    "searchr1_rollout_weight_wait_seconds",
+    "How long the current wait for the engine to serve a step's weights has lasted (0: none)",
+)
 STEP = Gauge("searchr1_rollout_step", "Last finished rollout step")
 THROUGHPUT = Gauge("searchr1_rollout_samples_per_second", "Samples per second (last step)")
 SEARCH_LATENCY = Histogram(

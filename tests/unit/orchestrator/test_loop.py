@@ -9,7 +9,7 @@ import pytest
 from orchestrator import metrics
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, row_to_prompt
-from orchestrator.loop import Orchestrator
+from orchestrator.loop import Orchestrator, WeightsNotPushed
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
 from orchestrator.scoring import Scorer
@@ -72,6 +72,21 @@ async def test_sync_mode_waits_for_the_next_weights(tokenizer, bus) -> None:  # 
     assert t.reward.total == 1.0 and t.reward.components["em"] == 1.0
     groups = {d.trajectory.group_id for d in first + second}
     assert len(groups) == 4
+
+
+async def test_waiting_for_weights_has_a_deadline(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    """No trainer ever pushes version 6: the wait ends after `weight_wait_s` with an error
+    naming both versions (the service turns it into /ready red and exit 1), and the wait is
+    visible meanwhile as a gauge."""
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=5)
+    orch = build(tokenizer, bus, engine, weight_wait_s=0.6)
+    task = asyncio.create_task(orch.run())
+    await asyncio.sleep(0.4)
+    assert orch.step == 1 and not task.done()
+    assert metrics.WEIGHT_WAIT._value.get() > 0
+    with pytest.raises(WeightsNotPushed, match=r"version 6.*serves 5"):
+        await asyncio.wait_for(task, 5)
+    assert metrics.WEIGHT_WAIT._value.get() == 0
 
 
 async def test_restart_does_not_publish_twice(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
