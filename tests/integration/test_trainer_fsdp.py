@@ -180,5 +180,87 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
             assert record[key] == pytest.approx(replay[key], rel=1e-4, abs=1e-6), (g, key)
 
 
+@pytest.mark.slow  # ~60 s: two trainer ranks, two engine starts
+def test_two_rank_trainer_resyncs_a_restarted_engine(tmp_path, redis_server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The real collective path of a re-sync: a 2-rank trainer pushes step 1, the engine
+    restarts (version 0); while waiting for step 2's data rank 0 finds it behind and broadcasts
+    a re-sync, both ranks join the push, and the engine serves version 1 again; then the run
+    trains step 2, pushes it and exits 0."""
+    import time
+
+    import httpx
+    import yaml
+
+    from tests.integration.test_trainer_loop import bus_counts, publish, trajectories
+    from tests.support.inference_server import InferenceServerProcess
+
+    def version() -> int:
+        return int(httpx.get(f"{engine.url}/get_model_info", timeout=5).json()["weight_version"])
+
+    def wait_for(want: int, what: str, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert trainer.poll() is None, tail(log_path)
+            try:
+                if version() == want:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: engine not at version {want} after {timeout_s} s")
+
+    trajs = trajectories(range(2))
+    port = free_port()
+    engine = InferenceServerProcess(tiny_model_dir, port=port).start()
+    section = {
+        "model": {"path": str(tiny_model_dir)},
+        "http": {"port": free_port()},
+        "batch": {"consume_block_s": 0.2, "max_tokens_per_microbatch": 16},
+        "weight_push": {
+            "mode": "distributed", "engine_urls": [engine.url], "master_port": free_port(),
+            "resync_check_s": 0.5,
+        },
+        "metrics_jsonl": str(tmp_path / "steps.jsonl"),
+    }  # fmt: skip
+    cfg_file = tmp_path / "stack.yaml"
+    stack = {
+        "redis": {"url": redis_server.url},
+        "bus": {"consumer": "c"},
+        "run": {"groups_per_step": 1, "group_size": 4, "max_steps": 2},
+        "trainer": section,
+    }
+    cfg_file.write_text(yaml.safe_dump(stack))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "searchr1.stack.cli", "trainer", "run", "--config", str(cfg_file),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log_path = tmp_path / "trainer.log"
+    log_file = log_path.open("w")
+    trainer = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        publish(redis_server.url, [t for t in trajs if t.group_id == "g0"])
+        wait_for(1, "step 1 pushed")
+        engine.stop()  # restarted: initial weights, version 0
+        engine = InferenceServerProcess(tiny_model_dir, port=port).start()
+        wait_for(1, "re-synced by both ranks")
+        publish(redis_server.url, [t for t in trajs if t.group_id == "g1"])
+        assert trainer.wait(timeout=180) == 0, tail(log_path)
+        assert version() == 2
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        log_file.close()
+        engine.stop()
+    records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert bus_counts(redis_server.url) == (0, 0)
+
+
+def tail(log_path: Path) -> str:
+    return "\n".join(log_path.read_text().splitlines()[-60:])
+
+
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))
