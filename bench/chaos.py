@@ -437,12 +437,16 @@ def read_ledger(
         groups = client.smembers(f"{prefix}:published")
         published = {f"{g}/{i}" for g in groups for i in range(data["run"]["group_size"])}
         acked = set(client.zrange(f"{stream}:done", 0, -1))
-        dead = {
-            f.get("tid", ""): f.get("reason", "?")
-            for _, f in client.xrange(f"{stream}:dead")  # type: ignore[union-attr]
-        }
-        pending = {f["tid"] for _, f in client.xrange(stream) if "tid" in f}  # type: ignore[union-attr]
         client.close()
+        # Stream and dead-letter entries hold binary protobuf payloads: read them undecoded.
+        raw = redis.Redis.from_url(server.url)
+        dead = {
+            f.get(b"tid", b"").decode(): f.get(b"reason", b"?").decode()
+            for _, f in raw.xrange(f"{stream}:dead")  # type: ignore[union-attr]
+        }
+        entries = raw.xrange(stream)  # type: ignore[union-attr]
+        pending = {f[b"tid"].decode() for _, f in entries if b"tid" in f}
+        raw.close()
     finally:
         server.stop()
     return settle(published | pending, read_steps(jsonl), acked=acked, dead=dead)

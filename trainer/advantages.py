@@ -43,7 +43,9 @@ def group_advantages(
     spread: dict[int, set[float]] = {}
     for g, v in zip(gidx.tolist(), r.tolist(), strict=True):
         spread.setdefault(g, set()).add(v)
-    degenerate_group = torch.tensor([len(spread[g]) == 1 for g in range(n_groups)])
+    degenerate_group = torch.tensor(
+        [len(spread[g]) == 1 for g in range(n_groups)], dtype=torch.bool
+    )  # dtype: an empty list would make a float tensor
     adv = dev / (std[gidx] + cfg.eps) if cfg.normalize_std else dev
     degenerate = degenerate_group[gidx]
     adv = torch.where(degenerate, torch.zeros_like(adv), adv)

@@ -181,7 +181,11 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
 
 
 @pytest.mark.slow  # ~60 s: two trainer ranks, two engine starts
-def test_two_rank_trainer_resyncs_a_restarted_engine(tmp_path, redis_server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+def test_two_rank_trainer_resyncs_a_restarted_engine(
+    tmp_path: Path,
+    redis_server,
+    tiny_model_dir: Path,  # type: ignore[no-untyped-def]
+) -> None:
     """The real collective path of a re-sync: a 2-rank trainer pushes step 1, the engine
     restarts (version 0); while waiting for step 2's data rank 0 finds it behind and broadcasts
     a re-sync, both ranks join the push, and the engine serves version 1 again; then the run

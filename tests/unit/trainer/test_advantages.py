@@ -39,3 +39,9 @@ def test_groups_need_not_be_contiguous() -> None:
 def test_length_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="2 rewards for 3 group ids"):
         group_advantages([1.0, 0.0], ["a", "a", "b"], AdvantageConfig())
+
+
+def test_no_samples_no_groups() -> None:
+    adv = group_advantages([], [], AdvantageConfig())
+    assert adv.advantages.numel() == 0 and adv.degenerate.dtype == torch.bool
+    assert adv.num_groups == 0 and adv.num_degenerate_groups == 0

@@ -38,3 +38,14 @@ def test_they_can_be_trained_on_purpose() -> None:
     cfg = TrainerConfig(loss=LossConfig(train_on_infrastructure_failures=True))
     samples, _, m = build_sequences(group([1.0, 0.0, 1.0, 0.0], failed={3}), cfg)
     assert len(samples) == 4 and m["samples/infrastructure_failures"] == 1.0
+
+
+def test_a_batch_of_only_failures_is_skipped_not_a_crash() -> None:
+    """A step rolled out while the retriever was down can be all failures: the trainer used to
+    crash on the empty batch (`torch.where` on a float mask), restart, and crash again on the
+    same entries (found by bench/chaos.py, kill:retriever)."""
+    samples, advantages, m = build_sequences(
+        group([0.0, 0.0, 0.0, 0.0], failed={0, 1, 2, 3}), TrainerConfig()
+    )
+    assert samples == [] and advantages.numel() == 0
+    assert m["samples/infrastructure_failures"] == 4.0
