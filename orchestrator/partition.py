@@ -8,7 +8,8 @@ while it has room for another group, so faster processes take more. A step is do
 is empty; every process waits for that before the next step, so sync mode stays ordered (the
 next step's weight version counts every group of this one).
 
-A killed process's groups are claimed again by the others once their deadline passes; the
+A killed process's groups are claimed again by the others once their deadline passes, or at once
+by the process itself when it restarts under the same worker id; the
 regenerated group carries the same trajectory ids (`run/step/prompt/sample`), so a copy the dead
 process published just before dying is dropped by the bus as a duplicate, and the published-set
 check (`Orchestrator._published`) skips the group entirely when its marker was written.
@@ -48,7 +49,9 @@ CLAIMS_LOST = Counter(
 
 class PartitionConfig(Section):
     worker_id: str | None = Field(
-        default=None, description="This process's name on its claims; default hostname-pid."
+        default=None,
+        description="This process's name on its claims, stable across its restarts (a restart "
+        "takes its own claims back at once); default hostname-pid (stable in a container).",
     )
     claim_ttl_s: float = Field(
         default=30.0,
@@ -184,6 +187,9 @@ class StepClaims:
         ):
             log.info("step seeded", extra={"step": step, "groups": len(group_ids)})
         else:
+            # Claims under our own id are a dead predecessor's (a restart keeps the id: a
+            # container's hostname and pid, or `worker_id`): take them back now, not after the TTL.
+            await self._release(step)
             left = await self._call("partition_left", lambda: self.redis.zcard(claims))
             log.info("joined a started step", extra={"step": step, "groups_left": left})
         tasks: dict[str, asyncio.Task[T]] = {}

@@ -50,12 +50,17 @@ def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[Ser
         sub, may_finish, finishes = _COMMANDS[name]
         http = getattr(cfg, name).http
         host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
+        env = {"SEARCHR1_REDIS__URL": redis_url, "SEARCHR1_CONFIG": str(config_path)}
+        if name == "orchestrator" and not cfg.orchestrator.partition.worker_id:
+            # Stable across the supervisor's restarts (the default hostname-pid is not): a
+            # restarted orchestrator takes its own step claims back at once.
+            env["SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID"] = f"local-{name}"
         specs.append(
             ServiceSpec(
                 name=name,
                 command=[*searchr1_command(), *sub, "--config", str(config_path)],
                 ready_url=f"http://{host}:{http.port}/ready",
-                env={"SEARCHR1_REDIS__URL": redis_url, "SEARCHR1_CONFIG": str(config_path)},
+                env=env,
                 restart=cfg.local.restart,
                 max_restarts=cfg.local.max_restarts,
                 ready_timeout_s=cfg.local.ready_timeout_s,

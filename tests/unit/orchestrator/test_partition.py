@@ -70,6 +70,22 @@ async def test_a_dead_workers_claim_is_taken_over_after_its_ttl(redis) -> None: 
     assert RECLAIMED._value.get() - before == 1
 
 
+async def test_a_restarted_worker_takes_its_own_claims_back_at_once(redis) -> None:  # type: ignore[no-untyped-def]
+    """The same worker id after a crash (a supervisor or container restart): its predecessor's
+    claims are its own, not a stranger's, so it need not wait out their TTL (it waited 30 s in
+    bench/chaos.py's kill:orchestrator)."""
+    before = claims(redis, "w", ttl=60.0)
+    keys = before._keys(0)
+    await before._seed(keys=[keys[0], keys[2]], args=IDS[:3])
+    await before._claim(keys=[keys[0], keys[1]], args=[before._ttl_ms, "w"])  # then SIGKILL
+
+    async def run(gid: str) -> str:
+        return gid
+
+    out = await asyncio.wait_for(claims(redis, "w", ttl=60.0).run_step(0, IDS[:3], run), 5)
+    assert sorted(out) == sorted(IDS[:3])
+
+
 async def test_a_worker_stops_a_group_whose_claim_another_took(redis) -> None:  # type: ignore[no-untyped-def]
     w = claims(redis, "slow", ttl=0.3, max_groups=1)
     started: Counter[str] = Counter()

@@ -27,6 +27,8 @@ def test_specs_follow_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert all(s.restart.value == "on-failure" for s in specs)
     assert [s.exit_ends_stack for s in specs] == [False, False, False, True]
     assert [s.may_finish for s in specs] == [False, False, True, True]
+    # The orchestrator keeps one worker id across restarts (its claims come back at once).
+    assert by_name["orchestrator"].env["SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID"]
 
 
 def test_unknown_service_is_named(tmp_path: Path) -> None:
