@@ -151,6 +151,13 @@ class WeightSender:
                 # does not keep the process alive, and its group name is never reused.
                 raise errors[0]
         self._group = await host
+        # Every rank is in the group, but an engine registers it under its name only when its
+        # join returns: a bucket sent before that is refused ("call init first").
+        errors = [r for r in await joins if isinstance(r, BaseException)]
+        if errors:
+            destroy_weight_group(self._group)
+            self._group = None
+            raise errors[0]
         if self._dtype is None:
             info = await self._clients[0].get_model_info()
             self._dtype = dtype_from_name(info["dtype"]) if info.get("dtype") else None
