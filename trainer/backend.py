@@ -92,6 +92,20 @@ class TrainerBackend(ABC):
     def load_full_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of `full_state`; `state` is only needed on the main rank (collective)."""
 
+    # Sharded checkpoints: a backend that sets this writes and reads its own shards on every
+    # rank (`save_shards` / `load_shards`) instead of a full state on the main rank.
+    sharded_checkpoints: bool = False
+
+    def save_shards(self, directory: Path) -> dict[str, Any]:
+        """Collective: every rank writes its shards into `directory` (its parent exists, made
+        by the main rank before the call); returns the small rest of the state (plain data)."""
+        raise NotImplementedError
+
+    def load_shards(self, directory: Path | None, state: dict[str, Any] | None) -> None:
+        """Inverse of `save_shards`, at this backend's layout (collective); `directory` and
+        `state` are only needed on the main rank."""
+        raise NotImplementedError
+
     @abstractmethod
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters with Hugging Face names and layouts, for weight pushes

@@ -5,6 +5,11 @@ complete one. A checkpoint is written into a temporary directory, fsynced, renam
 and only then does `latest` move (write + rename), so a crash at any point leaves the previous
 checkpoint intact and never a half-written one under a final name.
 
+A backend with sharded checkpoints (`sharded_checkpoints`, the Megatron backend) adds
+`shards/`: every rank writes its own file there (`trainer.shards`, safetensors + JSON), and
+`state.pt` keeps only the small rest (counters, RNG). The checkpoint directory must then be
+on a volume every rank sees; the temporary directory's name is the same on every rank.
+
 The receipts stored are those of every trajectory trained since the previous checkpoint: the
 loop acknowledges them on the bus only after this checkpoint is durable, and re-acknowledges
 them on resume (the crash may have hit between the two).
@@ -32,6 +37,7 @@ log = logging.getLogger(__name__)
 
 LATEST = "latest"
 PREFIX = "step_"
+SHARDS = "shards"
 
 
 @dataclass
@@ -120,15 +126,21 @@ class CheckpointManager:
         return path if (path / "trainer.json").exists() else None
 
     def save(self, backend: TrainerBackend, state: TrainerState) -> Path | None:
-        """Collective: every rank calls it; the main rank writes. Returns the path there."""
-        full = backend.full_state()
+        """Collective: every rank calls it; the main rank writes (with sharded checkpoints,
+        every rank writes its shards). Returns the path on the main rank."""
+        final = self.path_for(state.step)
+        if backend.sharded_checkpoints:
+            tmp = self.root / f".{final.name}.tmp-shards"
+            if backend.is_main:
+                self._fresh(tmp)
+            full = backend.save_shards(tmp / SHARDS)  # starts with a barrier
+        else:
+            full = backend.full_state()
+            tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+            if backend.is_main:
+                self._fresh(tmp)
         if not backend.is_main:
             return None
-        self.root.mkdir(parents=True, exist_ok=True)
-        final = self.path_for(state.step)
-        tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         full["rng"] = rng_state()
         torch.save(full, tmp / "state.pt")
         with open(tmp / "state.pt", "rb+") as f:
@@ -145,6 +157,11 @@ class CheckpointManager:
         self._prune(keep=final)
         log.info("checkpoint saved", extra={"step": state.step, "path": str(final)})
         return final
+
+    def _fresh(self, tmp: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
 
     def _prune(self, keep: Path) -> None:
         done = sorted(p for p in self.root.glob(f"{PREFIX}*") if p.is_dir())
@@ -165,7 +182,12 @@ class CheckpointManager:
         if backend.is_main and path is not None:
             full = _load_state(path / "state.pt")
             state = TrainerState.from_json(json.loads((path / "trainer.json").read_text()))
-        backend.load_full_state(full)
+        if backend.sharded_checkpoints:
+            # Every rank reads its own shards; the main rank names the directory.
+            rest = None if full is None else {k: v for k, v in full.items() if k != "rng"}
+            backend.load_shards(path / SHARDS if path is not None else None, rest)
+        else:
+            backend.load_full_state(full)
         if full is not None:
             set_rng_state(full["rng"])
             log.info(

@@ -319,6 +319,19 @@ class MegatronBackend(TrainerBackend):
 
         load_full_state(self, state)
 
+    # Checkpoints: every rank writes its own shards (trainer/megatron/sharded.py).
+    sharded_checkpoints = True
+
+    def save_shards(self, directory: Path) -> dict[str, Any]:
+        from trainer.megatron.sharded import save_shards
+
+        return save_shards(self, directory)
+
+    def load_shards(self, directory: Path | None, state: dict[str, Any] | None) -> None:
+        from trainer.megatron.sharded import load_shards
+
+        load_shards(self, directory, state)
+
 
 def _finalize_without_token_scaling(
     finalize: Any, model: Any, num_tokens: Any = None, **kwargs: Any

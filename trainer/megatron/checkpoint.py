@@ -1,10 +1,9 @@
-"""Full, layout-independent state of the Megatron backend for `trainer.checkpoint`.
+"""Full, layout-independent state of the Megatron backend (`TrainerBackend.full_state`).
 
-The trainer's checkpoints hold a full state on the main rank (`state.pt`, the exactly-once
-resume contract of `trainer.checkpoint.CheckpointManager`). Here that state is kept in Hugging
-Face names and layouts: the weights and Adam's two moments per HF tensor, plus the step
-counters. So a checkpoint taken at one (TP, PP, DP) layout resumes at any other, and
-`searchr1 trainer export` needs no Megatron ranks at all.
+The trainer's checkpoints of this backend are distributed (`sharded.py`: every rank writes its
+own shards); this gathered state is the backend interface's full state (tests compare
+backends with it). It is kept in Hugging Face names and layouts: the weights and Adam's two
+moments per HF tensor, plus the step counters, so it loads at any (TP, PP, DP) layout.
 
 Gathering: each DP rank of the distributed optimizer holds a contiguous range of every
 flattened parameter; the ranges are all-gathered over DP, then the TP shards and PP stages are
@@ -33,6 +32,7 @@ class MegatronBackend(Protocol):
 
     cfg: TrainerConfig
     rank: int
+    device: torch.device
     dp_size: int
     shape: ModelShape
     layout: Layout
@@ -55,7 +55,7 @@ def _dp_group() -> Any:
     return ps.get_data_parallel_group()
 
 
-def _owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
+def owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
     """The Megatron optimizer holding `param` (get_megatron_optimizer may chain several); None
     where the distributed optimizer gave this DP rank no part of it."""
     for opt in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer]):
@@ -68,9 +68,9 @@ def _owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
     return None
 
 
-def _local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int, dict]:
+def local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int, dict]:
     """(start, end, {"param" and moments}) of this DP rank's range of the flattened `param`."""
-    opt = _owner(backend, param)
+    opt = owner(backend, param)
     if opt is None:
         return 0, 0, {}
     if backend.cfg.megatron.distributed_optimizer:
@@ -83,7 +83,7 @@ def _local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, in
 
 def _moment(backend: MegatronBackend, key: str) -> Callable[[str, nn.Parameter], torch.Tensor]:
     def value(_name: str, param: nn.Parameter) -> torch.Tensor:
-        start, end, states = _local_state(backend, param)
+        start, end, states = local_state(backend, param)
         mine = (start, end, states[key].detach().float().cpu() if key in states else None)
         if backend.dp_size > 1:
             parts: list[Any] = [None] * backend.dp_size
@@ -140,14 +140,14 @@ def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> N
     step = int(state["optimizer"]["step"])
     offset = layer_offset(s, layout)
     for name, param in model.named_parameters():
-        start, end, states = _local_state(backend, param)
+        start, end, states = local_state(backend, param)
         if end == start:
             continue
         full_name = convert.full_name(name, offset, s)
         main = states["param"]  # fp32 (a view of the parameter itself when that is fp32)
         full = convert.shard(full_name, weights[full_name], layout.tp_rank, layout.tp)
         main.copy_(full.reshape(-1)[start:end].view_as(main))
-        inner = _owner(backend, param).optimizer.state.setdefault(main, {})
+        inner = owner(backend, param).optimizer.state.setdefault(main, {})
         for k in _MOMENTS:
             shard = convert.shard(full_name, moments[k][full_name], layout.tp_rank, layout.tp)
             inner[k] = shard.reshape(-1)[start:end].clone().view_as(main).to(main)

@@ -120,15 +120,31 @@ def _suffix(name: str) -> str:
     return m.group(2) if m else name
 
 
-def shard(name: str, t: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
-    """This TP rank's part of the full tensor `name`."""
+def tp_split(name: str) -> str:
+    """How TP splits the full tensor `name`: `fc1` (its gate half and its up half, each on
+    dim 0), `column` (dim 0), `row` (dim 1) or `none` (replicated)."""
     suf = _suffix(name)
     if suf == "mlp.linear_fc1.weight":
+        return "fc1"
+    if suf in _COLUMN_PARALLEL:
+        return "column"
+    return "row" if suf in _ROW_PARALLEL else "none"
+
+
+def is_vocab(name: str) -> bool:
+    """A tensor whose rows are the (padded) vocabulary."""
+    return name in ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def shard(name: str, t: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    """This TP rank's part of the full tensor `name`."""
+    split = tp_split(name)
+    if split == "fc1":
         gate, up = t.chunk(2)
         return torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]])
-    if suf in _COLUMN_PARALLEL:
+    if split == "column":
         return t.chunk(tp)[rank]
-    if suf in _ROW_PARALLEL:
+    if split == "row":
         return t.chunk(tp, dim=1)[rank]
     return t
 

@@ -1,8 +1,9 @@
 """Run under torchrun by `test_parallel.py`: the Megatron backend in bf16 (CPU bf16 here; the
 GPU path is the same code). Logprobs near the fp32 HF model's, one GRPO step, a full state
-holding the fp32 main parameters, and a bit-identical resume.
+holding the fp32 main parameters, and a bit-identical resume, from the full state and from a
+distributed checkpoint (every DP rank writes its own range of the fp32 main parameters).
 
-    torchrun --nproc-per-node N bf16_worker.py TP
+    torchrun --nproc-per-node N bf16_worker.py TP CKPT_DIR
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.unit.trainer.conftest import make_batch
 from tests.unit.trainer.megatron.worker import hf_reference, tiny
 from trainer.backend import Policy
 from trainer.batching import build_microbatch, sequence_from_trajectory
+from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
 from trainer.megatron.backend import MegatronBackend
@@ -34,6 +36,7 @@ def main() -> None:
         model={"dtype": "bfloat16"},
         optim={"lr": 1e-3},
         loss={"kl_coef": 0.01},
+        checkpoint={"dir": sys.argv[2]},
     )
 
     def build() -> MegatronBackend:
@@ -56,12 +59,16 @@ def main() -> None:
         assert w.dtype == torch.float32 and not torch.equal(w, w.bfloat16().float())
     again = build()
     again.load_full_state(state if rank == 0 else None)
+    mgr = CheckpointManager(cfg.checkpoint)
+    mgr.save(meg, TrainerState(step=1))
+    sharded = build()
+    mgr.load(sharded)
     more = make_batch(2, 4, seed=2)
-    train_on(more, meg, cfg)
-    train_on(more, again, cfg)
-    s1, s2 = meg.full_state(), again.full_state()
+    for backend in (meg, again, sharded):
+        train_on(more, backend, cfg)
+    s1, s2, s3 = meg.full_state(), again.full_state(), sharded.full_state()
     if rank == 0:
-        assert _equal(s1, s2)
+        assert _equal(s1, s2) and _equal(s1, s3)
 
 
 def _equal(a: object, b: object) -> bool:

@@ -59,7 +59,7 @@ def test_megatron_equals_hf_backend(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("ranks", "tp"), [(2, 1), (2, 2)], ids=["dp2", "tp2"])
-def test_bf16_step_and_resume(ranks: int, tp: int) -> None:
-    cmd = torchrun(ranks, str(WORKER.with_name("bf16_worker.py")), str(tp))
+def test_bf16_step_and_resume(tmp_path: Path, ranks: int, tp: int) -> None:
+    cmd = torchrun(ranks, str(WORKER.with_name("bf16_worker.py")), str(tp), str(tmp_path))
     proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -1,0 +1,117 @@
+"""Run under torchrun by `test_dist_checkpoint.py`: distributed checkpoints of the Megatron
+backend through the trainer's `CheckpointManager`.
+
+    torchrun --nproc-per-node N dist_ckpt_worker.py save TP PP CKPT_DIR REF_DIR
+    torchrun --nproc-per-node N dist_ckpt_worker.py resume TP PP CKPT_DIR REF_DIR
+
+`save`: one GRPO step, a checkpoint (gathering the full state is forbidden meanwhile: every
+rank writes its own shards), then a fresh backend at the same layout loads it: the same state
+(weights and Adam's moments, gathered in HF names), the same trainer state, and the next step
+bit-identical to the uninterrupted backend's. Rank 0 keeps the reference (the state at the
+checkpoint, the next step's loss and weights) in REF_DIR. `resume`: a backend at another
+layout loads the checkpoint; rank 0 writes the differences from the reference as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+from searchr1.bus import Receipt
+from tests.unit.trainer.conftest import make_batch, tiny_qwen2
+from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.config import TrainerConfig
+from trainer.dist import DistInfo
+from trainer.step import train_on
+
+RECEIPTS = [Receipt("1-0", "g0-s0"), Receipt("1-1", "g0-s1")]
+
+
+def flat(state: dict) -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
+    """`full_state()` as one flat dict of tensors (HF names)."""
+    out = {f"model/{k}": v for k, v in state["model"].items()}
+    for kind in ("exp_avg", "exp_avg_sq"):
+        out.update({f"{kind}/{k}": v for k, v in state["optimizer"][kind].items()})
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), a.keys() ^ b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def main() -> None:
+    from safetensors.torch import load_file, save_file
+
+    from trainer.megatron.backend import MegatronBackend
+
+    mode, tp, pp, ckpt, ref = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ref_dir = Path(ref)
+    cfg = TrainerConfig(
+        backend="megatron",
+        megatron={"tp": tp, "pp": pp},
+        optim={"lr": 1e-3, "grad_clip": 1.0},
+        loss={"kl_coef": 0.0},
+        checkpoint={"dir": ckpt},
+    )
+
+    def build() -> MegatronBackend:
+        hf = tiny_qwen2()
+        info = DistInfo(rank, world, rank, torch.device("cpu"))
+        return MegatronBackend(dict(hf.state_dict()), hf.config, cfg, info)
+
+    mgr = CheckpointManager(cfg.checkpoint)
+    nxt = make_batch(2, 4, seed=2)
+    if mode == "save":
+        meg = build()
+        train_on(make_batch(2, 4, seed=1), meg, cfg)
+
+        def no_gather() -> dict:  # type: ignore[type-arg]
+            raise AssertionError("a distributed checkpoint gathered the full state")
+
+        meg.full_state = no_gather  # type: ignore[method-assign]
+        mgr.save(meg, TrainerState(step=1, receipts=RECEIPTS, weight_version=1))
+        del meg.full_state
+        saved = meg.full_state()
+        again = build()
+        state = mgr.load(again)
+        loaded = again.full_state()
+        if rank == 0:
+            assert state is not None and state.receipts == RECEIPTS, state
+            assert state.step == 1 and state.weight_version == 1, state
+            assert max_diff(flat(saved), flat(loaded)) == 0.0
+            save_file(flat(saved), str(ref_dir / "state.safetensors"))
+        assert again.optimizer_steps == meg.optimizer_steps == 1
+        m1, m2 = train_on(nxt, meg, cfg), train_on(nxt, again, cfg)
+        w1, w2 = dict(meg.named_tensors()), dict(again.named_tensors())
+        if rank == 0:
+            assert m1["loss"] == m2["loss"] and max_diff(w1, w2) == 0.0, (m1, m2)
+            save_file(w1, str(ref_dir / "after.safetensors"))
+            (ref_dir / "next.json").write_text(json.dumps({"loss": m1["loss"]}))
+        return
+    meg = build()
+    state = mgr.load(meg)
+    loaded = meg.full_state()
+    metrics = train_on(nxt, meg, cfg)
+    after = dict(meg.named_tensors())
+    if rank == 0:
+        assert state is not None and state.receipts == RECEIPTS and state.step == 1, state
+        want = json.loads((ref_dir / "next.json").read_text())
+        diffs = {
+            "state": max_diff(flat(loaded), load_file(str(ref_dir / "state.safetensors"))),
+            "loss": abs(metrics["loss"] - want["loss"]),
+            "after": max_diff(after, load_file(str(ref_dir / "after.safetensors"))),
+            "optimizer_steps": meg.optimizer_steps,
+        }
+        (ref_dir / f"resume-tp{tp}-pp{pp}.json").write_text(json.dumps(diffs))
+
+
+if __name__ == "__main__":
+    main()
