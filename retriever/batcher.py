@@ -12,6 +12,12 @@ while batch N is searched (infinity-style overlap), and throughput is that of th
 rather than the sum. Past `max_pending` queued queries, `submit` raises Overloaded (HTTP 429)
 instead of queueing forever.
 
+A small batch (`InlinePath.max_queries`, one query by default) that finds the pipeline idle,
+with nothing queued behind it and nothing in a later stage, is searched by the backend's inline
+path on the batching thread itself: at low concurrency each hand-off between threads (and, for
+dense, the round trip to the encoder child process) is latency nobody overlaps. As soon as work
+queues up, batches take the pipeline again.
+
 A batch that fails is not the fault of every request in it (one query a tokenizer chokes on
 fails the whole encode call): its requests go back to the first stage, ahead of new work, and
 each is retried in a batch of its own, so only the request that caused the error gets it.
@@ -32,7 +38,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from retriever.backends.base import Hit, Overloaded
+from retriever.backends.base import Hit, InlinePath, Overloaded
 from retriever.config import BatchingConfig
 
 log = logging.getLogger(__name__)
@@ -44,7 +50,7 @@ BATCH_QUERIES = Histogram(
 )
 BATCH_SECONDS = Histogram(
     "searchr1_retriever_batch_seconds",
-    "Backend time per batch and pipeline stage",
+    "Backend time per batch and pipeline stage (0, 1, ...; inline: a lone small batch)",
     ["stage"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
@@ -75,7 +81,13 @@ _WAKE = _Wake()
 
 
 class MicroBatcher:
-    def __init__(self, stages: SearchFn | Sequence[Stage], cfg: BatchingConfig) -> None:
+    def __init__(
+        self,
+        stages: SearchFn | Sequence[Stage],
+        cfg: BatchingConfig,
+        *,
+        inline: InlinePath | None = None,
+    ) -> None:
         if callable(stages):
             fn = stages
             stages = [lambda args: fn(*args)]
@@ -88,8 +100,11 @@ class MicroBatcher:
         # stage has stopped, failures are delivered as they are.
         self._retry: deque[_Work] = deque()
         self._stopped = False
+        self._inline = inline
+        self._in_flight = 0  # batches past the first stage, not yet delivered (under _lock)
         self.batches = 0
         self.batched_queries = 0
+        self.inline_batches = 0
         # Seconds each stage spent working: busy / wall time = that stage's utilisation.
         self.stage_busy_s = [0.0] * len(self._stages)
         self._handoffs: list[queue.Queue[tuple[list[_Work], Any, BaseException | None] | None]] = [
@@ -169,9 +184,15 @@ class MicroBatcher:
     def _forward(self, i: int, batch: list[_Work], value: Any, err: BaseException | None) -> None:
         """Hand stage i's output to stage i+1, or resolve the requests after the last stage."""
         if i + 1 < len(self._stages):
+            if i == 0:
+                with self._lock:
+                    self._in_flight += 1
             self._handoffs[i].put((batch, value, err))
         else:
             self._deliver(batch, value, err)
+            if i > 0:
+                with self._lock:
+                    self._in_flight -= 1
 
     def _next_retry(self) -> _Work | None:
         with self._lock:
@@ -197,7 +218,11 @@ class MicroBatcher:
             BATCH_QUERIES.observe(len(queries))
             self.batches += 1
             self.batched_queries += len(queries)
-            value, err = self._apply(0, batch, (queries, max(w.topk for w in batch)))
+            topk = max(w.topk for w in batch)
+            if self._idle_for(len(queries)):
+                self._run_inline(batch, queries, topk)
+                continue
+            value, err = self._apply(0, batch, (queries, topk))
             self._forward(0, batch, value, err)
         with self._lock:
             self._stopped = True
@@ -207,6 +232,27 @@ class MicroBatcher:
             self._deliver([w], None, RuntimeError("retriever shutting down"))
         if self._handoffs:
             self._handoffs[0].put(None)
+
+    def _idle_for(self, n_queries: int) -> bool:
+        """Whether a batch of n_queries takes the inline path: small, and nothing waits."""
+        if self._inline is None or n_queries > self._inline.max_queries:
+            return False
+        with self._lock:
+            return self._in_flight == 0 and not self._retry and self._queue.empty()
+
+    def _run_inline(self, batch: list[_Work], queries: list[str], topk: int) -> None:
+        assert self._inline is not None
+        start = time.perf_counter()
+        try:
+            out, err = self._inline.search(queries, topk), None
+        except Exception as e:
+            out, err = None, e
+            log.exception("inline search failed", extra={"requests": len(batch)})
+        took = time.perf_counter() - start
+        BATCH_SECONDS.labels("inline").observe(took)
+        self.stage_busy_s[0] += took
+        self.inline_batches += 1
+        self._deliver(batch, out, err)
 
     def _run_stage(self, i: int) -> None:
         while (item := self._handoffs[i - 1].get()) is not None:

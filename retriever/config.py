@@ -66,6 +66,15 @@ class DenseConfig(Section):
         description="Encode queries in a child process (no GIL shared with the HTTP server); "
         "auto: on CPU yes, on GPU no.",
     )
+    # The child's round trip and the hand-off to the search thread cost a lone request ~1-4 ms
+    # on a busy 2-core machine, time nothing overlaps at low concurrency (docs/benchmarks.md).
+    inline_max_queries: int = Field(
+        default=1,
+        ge=0,
+        description="A batch of at most this many queries that finds nothing else queued or in "
+        "flight is encoded and searched on the batching thread, in this process (with "
+        "encoder_process on, a second copy of the encoder is loaded for it); 0: never.",
+    )
     # On one CPU core faiss Flat over a batch is slower than a torch matmul + top-k
     # (memory-bound; see docs/benchmarks.md); "auto" uses torch for Flat, faiss otherwise.
     flat_search: Literal["auto", "torch", "faiss"] = "auto"

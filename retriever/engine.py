@@ -77,7 +77,8 @@ class RetrieverEngine:
         self.cache = ResultCache(cfg.cache.size, max_bytes=cfg.cache.max_bytes)
         self._batcher: MicroBatcher | None = None
         if hasattr(backend, "stages"):  # a pipelined backend (dense): stages overlap
-            self._batcher = MicroBatcher(backend.stages(), cfg.batching)
+            inline = backend.inline_path() if hasattr(backend, "inline_path") else None
+            self._batcher = MicroBatcher(backend.stages(), cfg.batching, inline=inline)
         elif hasattr(backend, "search_batch"):
             self._batcher = MicroBatcher(backend.search_batch, cfg.batching)  # type: ignore[union-attr]
 

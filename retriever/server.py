@@ -194,6 +194,7 @@ def create_app(
             },
             "batches": b.batches if b else 0,
             "batched_queries": b.batched_queries if b else 0,
+            "inline_batches": b.inline_batches if b else 0,
             "stage_busy_s": b.stage_busy_s if b else [],
             "grpc_port": state["grpc_port"],
         }

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from retriever.backends.base import Hit
+from retriever.backends.base import Hit, InlinePath
 from retriever.config import DenseConfig
 from retriever.corpus import CorpusStore
 from retriever.encoder import Encoder, EncoderProcess, EncoderSpec, resolve_device
@@ -103,7 +103,12 @@ class DenseIndex:
 
 
 class DenseBackend:
-    """Encoder + index + corpus: queries in, corpus rows with scores out."""
+    """Encoder + index + corpus: queries in, corpus rows with scores out.
+
+    With the encoder in a child process, `inline_encoder` is a second, in-process copy for
+    `inline_path` (a lone query when nothing else waits); the same model, spec and thread count,
+    so the vectors, and the hits, are the same whichever encodes them.
+    """
 
     name = "dense"
 
@@ -113,6 +118,8 @@ class DenseBackend:
         index: DenseIndex,
         corpus: CorpusStore,
         cfg: DenseConfig,
+        *,
+        inline_encoder: Encoder | None = None,
     ):
         if index.ntotal != len(corpus):
             raise ValueError(
@@ -122,6 +129,7 @@ class DenseBackend:
         if index.dim != encoder.dim:
             raise ValueError(f"index dim {index.dim} != encoder dim {encoder.dim}")
         self.encoder = encoder
+        self.inline_encoder = encoder if isinstance(encoder, Encoder) else inline_encoder
         self.index = index
         self.corpus = corpus
         self.cfg = cfg
@@ -148,11 +156,14 @@ class DenseBackend:
             max_length=m.max_length,
         )
         encoder: Encoder | EncoderProcess
+        inline_encoder = None
         in_child = cfg.encoder_process
         if in_child == "auto":
             in_child = resolve_device(cfg.device) == "cpu"
         if in_child:
             encoder = EncoderProcess(spec, device=cfg.device, torch_threads=cfg.torch_threads)
+            if cfg.inline_max_queries > 0:
+                inline_encoder = Encoder(spec, device=cfg.device)
         else:
             encoder = Encoder(spec, device=cfg.device)
         index = DenseIndex(faiss.read_index(str(index_file)), cfg)
@@ -160,7 +171,7 @@ class DenseBackend:
             "dense index loaded",
             extra={"rows": index.ntotal, "dim": index.dim, "search_path": index.search_path},
         )
-        return cls(encoder, index, corpus, cfg)
+        return cls(encoder, index, corpus, cfg, inline_encoder=inline_encoder)
 
     def search_ids(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         vecs = self.encoder.encode(queries, is_query=True, batch_size=self.cfg.encode_batch_size)
@@ -172,6 +183,19 @@ class DenseBackend:
     def stages(self) -> list[Callable[[Any], Any]]:
         """Two pipeline stages for the batcher: encoding overlaps the previous batch's search."""
         return [self._encode_stage, self._search_stage]
+
+    def inline_path(self) -> InlinePath | None:
+        """Encode and search in one call on the batching thread, in this process."""
+        if self.inline_encoder is None or self.cfg.inline_max_queries == 0:
+            return None
+        return InlinePath(self._search_inline, self.cfg.inline_max_queries)
+
+    def _search_inline(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        assert self.inline_encoder is not None
+        vecs = self.inline_encoder.encode(
+            queries, is_query=True, batch_size=self.cfg.encode_batch_size
+        )
+        return self._search_stage((vecs, topk))
 
     def _encode_stage(self, args: tuple[list[str], int]) -> tuple[np.ndarray, int]:
         queries, topk = args

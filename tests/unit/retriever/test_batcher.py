@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from retriever.backends.base import InlinePath
 from retriever.batcher import MicroBatcher, Overloaded
 from retriever.config import BatchingConfig
 
@@ -196,3 +197,103 @@ async def test_a_failing_request_in_a_later_stage_does_not_fail_the_others():
     assert [[d["id"] for d, _ in hits] for hits in a] == [["a"]]
     assert [[d["id"] for d, _ in hits] for hits in cd] == [["c"], ["d"]]
     assert isinstance(poisoned, ValueError)
+
+
+class Pipeline:
+    """Two stages (echo encode, then search) and an inline path computing the same answers;
+    records which way each batch went. Stage 0 blocks on a batch holding "block"."""
+
+    def __init__(self, search_delay_s: float = 0.05) -> None:
+        self.gate = threading.Event()
+        self.search_delay_s = search_delay_s
+        self.encoded: list[list[str]] = []
+        self.inline: list[list[str]] = []
+        self.inline_threads: set[str] = set()
+
+    @staticmethod
+    def hits(queries: list[str], topk: int):
+        return [
+            [({"id": f"{q}#{r}", "contents": q}, float(-r)) for r in range(topk)] for q in queries
+        ]
+
+    def encode(self, args):
+        queries, topk = args
+        self.encoded.append(list(queries))
+        if "block" in queries:
+            self.gate.wait(5)
+        return queries, topk
+
+    def search(self, args):
+        time.sleep(self.search_delay_s)
+        return self.hits(*args)
+
+    def search_inline(self, queries: list[str], topk: int):
+        self.inline.append(list(queries))
+        self.inline_threads.add(threading.current_thread().name)
+        return self.hits(queries, topk)
+
+    def batcher(self, max_queries: int = 1, **cfg) -> MicroBatcher:
+        return MicroBatcher(
+            [self.encode, self.search],
+            BatchingConfig(max_wait_ms=0, **cfg),
+            inline=InlinePath(self.search_inline, max_queries=max_queries),
+        )
+
+
+async def test_a_lone_small_request_is_searched_inline_on_the_batching_thread():
+    p = Pipeline()
+    b = p.batcher(max_queries=1)
+    try:
+        res = await b.submit(["a"], 2)
+        res2 = await b.submit(["b"], 1)
+        big = await b.submit(["c", "d"], 1)  # more queries than max_queries: the pipeline
+    finally:
+        b.close()
+    assert res == Pipeline.hits(["a"], 2) and res2 == Pipeline.hits(["b"], 1)
+    assert big == Pipeline.hits(["c", "d"], 1)
+    assert p.inline == [["a"], ["b"]]
+    assert p.encoded == [["c", "d"]]
+    assert p.inline_threads == {"retriever-batcher"}
+    assert b.inline_batches == 2 and b.batches == 3
+
+
+async def test_queued_or_in_flight_work_keeps_small_batches_in_the_pipeline():
+    p = Pipeline(search_delay_s=0.2)
+    b = p.batcher(max_queries=1, max_batch=1)
+    try:
+        blocker = asyncio.create_task(b.submit(["block", "x"], 1))
+        await asyncio.sleep(0.05)  # stage 0 holds the blocker
+        queued = [asyncio.create_task(b.submit([q], 1)) for q in ("a", "b")]
+        await asyncio.sleep(0.05)
+        p.gate.set()
+        # "a" is taken while "b" waits; "b" while "a" is still being searched.
+        outs = await asyncio.gather(blocker, *queued)
+        lone = await b.submit(["c"], 1)  # the pipeline is idle again: inline
+    finally:
+        b.close()
+    assert outs == [
+        Pipeline.hits(["block", "x"], 1),
+        Pipeline.hits(["a"], 1),
+        Pipeline.hits(["b"], 1),
+    ]
+    assert p.encoded == [["block", "x"], ["a"], ["b"]]
+    assert p.inline == [["c"]] and lone == Pipeline.hits(["c"], 1)
+
+
+async def test_a_failing_inline_search_reaches_its_request_and_the_next_one_is_served():
+    p = Pipeline()
+
+    def failing(queries, topk):
+        if "poison" in queries:
+            raise ValueError("cannot encode 'poison'")
+        return p.search_inline(queries, topk)
+
+    b = MicroBatcher(
+        [p.encode, p.search], BatchingConfig(max_wait_ms=0), inline=InlinePath(failing, 1)
+    )
+    try:
+        with pytest.raises(ValueError, match="poison"):
+            await b.submit(["poison"], 1)
+        assert await b.submit(["ok"], 1) == Pipeline.hits(["ok"], 1)
+    finally:
+        b.close()
