@@ -11,6 +11,18 @@ batch 64 (the ceiling) and Flat search over 64 queries with faiss and with torch
 Passages are encoded with --max-length 32 tokens by default so the one-off build takes minutes,
 not half an hour, on one core; serving cost does not depend on passage length (queries are
 shorter than 32 tokens, the stored rows keep their full ~100 words).
+
+Side by side with another running server over the same index (`--reference-url`), e.g. the
+stand-in for the reference Search-R1 server in `bench/searchr1_reference.py`: the same load
+generator (httpx by default) against both, alternating which goes first in each of `--rounds`
+rounds, at `--concurrency` 1,8,32, then requests of 64 queries; hits compared first. The last
+line then carries ours, the reference's and their ratio per level:
+
+    IDX=runs/bench-cache/rows50000-words100-len32
+    OMP_NUM_THREADS=1 .venv/bin/python bench/searchr1_reference.py --index_path $IDX/dense.faiss \
+        --corpus_path $IDX/corpus.jsonl --retriever_model "$(.venv/bin/python -c \
+        'from retriever.encoder import default_encoder_path as p; print(p())')" --port 8090 &
+    OMP_NUM_THREADS=1 .venv/bin/python bench/retriever.py --reference-url http://127.0.0.1:8090
 """
 
 from __future__ import annotations
@@ -33,14 +45,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx  # noqa: E402
-import numpy as np  # noqa: E402
 
+from bench.retriever_load import (  # noqa: E402
+    CLIENTS,
+    big_requests,
+    hit_ids,
+    load_level,
+    same_hits,
+    summarize,
+)
 from searchr1.redis_server import free_port  # noqa: E402
 from tests.support import synthetic  # noqa: E402
-
-# The public Search-R1 retrieval server on this machine class, same encoder and 50,000-passage
-# Flat index, one thread per process (issue #3): QPS by concurrency.
-REFERENCE_QPS = {1: 46.0, 8: 64.0, 32: 47.0}
 
 
 def build_cached(args: argparse.Namespace) -> Path:
@@ -103,72 +118,180 @@ def ceilings(index_dir: Path, queries: list[str]) -> tuple[dict[str, float], Cal
     return out, encoder_qps
 
 
-class RawHttpClient:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams.
-
-    httpx costs ~1-2 ms of CPU per request in the load generator, which on a 2-core machine
-    shares the cores with the server and would be measured instead of the server.
-    """
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        status = int(status_line.split()[1])
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        return status, await self.reader.readexactly(length)
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-async def load_level(
-    host: str, port: int, queries: list[str], conc: int, duration: float, start: int
-) -> tuple[list[float], int, float, int]:
-    lat: list[float] = []
-    errors = 0
-    counter = [start]
-    stop_at = time.perf_counter() + duration
-
-    async def worker() -> None:
-        nonlocal errors
-        client = RawHttpClient(host, port)
-        try:
-            while time.perf_counter() < stop_at:
-                q = queries[counter[0] % len(queries)]
-                counter[0] += 1
-                body = json.dumps({"queries": [q], "topk": 3, "return_scores": False}).encode()
-                t = time.perf_counter()
-                status, data = await client.post_json("/retrieve", body)
-                lat.append(time.perf_counter() - t)
-                if status != 200 or data.count(b'"contents"') != 3:
-                    errors += 1
-        finally:
-            await client.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(conc)))
-    return lat, errors, time.perf_counter() - t0, counter[0]
-
-
 def stats(url: str) -> dict:
     return httpx.get(f"{url}/stats", timeout=10).json()
+
+
+def start_server(index_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """`searchr1 retriever serve` on a free port (result cache off), once /ready answers 200."""
+    port = free_port()
+    cfg = Path(tempfile.mkdtemp()) / "retriever.yaml"
+    encoder_process = {"auto": "auto", "true": True, "false": False}[args.encoder_process]
+    cfg.write_text(
+        json.dumps(
+            {
+                "retriever": {
+                    "cache": {"size": 0},
+                    "grpc_port": None,
+                    "batching": {"max_batch": 64, "max_wait_ms": args.max_wait_ms},
+                    "dense": {"encoder_process": encoder_process},
+                },
+                "logging": {"level": "WARNING"},
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "searchr1.stack.cli", "retriever", "serve"]
+    cmd += ["--index", str(index_dir), "--port", str(port), "--config", str(cfg)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline or proc.poll() is not None:
+            proc.terminate()
+            raise SystemExit("server did not become ready")
+        time.sleep(0.5)
+
+
+def alone(args: argparse.Namespace, url: str, index_dir: Path, queries: list[str]) -> dict:
+    """Our server alone, each level next to the encoder-only ceiling measured around it."""
+    ceil, encoder_qps = ceilings(index_dir, queries)
+    print(
+        f"Flat search of 64 queries over {args.rows} rows: faiss {ceil['flat_faiss_ms_b64']:.1f} "
+        f"ms, torch {ceil['flat_torch_ms_b64']:.1f} ms"
+    )
+    asyncio.run(load_level(url, queries, 8, 2.0, 10_000, client=args.client))  # warm-up
+    summary: dict[str, str] = {}
+    nxt = 0
+    for conc in (int(c) for c in args.concurrency.split(",")):
+        ceiling_before = encoder_qps()
+        before = stats(url)
+        lv = asyncio.run(load_level(url, queries, conc, args.duration, nxt, client=args.client))
+        nxt = lv.next_query
+        after = stats(url)
+        ceiling = (ceiling_before + encoder_qps()) / 2
+        n_batches = max(1, after["batches"] - before["batches"])
+        qpb = (after["batched_queries"] - before["batched_queries"]) / n_batches
+        busy = "/".join(
+            f"{(a - b) / args.duration:.0%}"
+            for a, b in zip(after["stage_busy_s"], before["stage_busy_s"], strict=True)
+        )
+        p50, p99 = lv.ms(50), lv.ms(99)
+        print(
+            f"concurrency {conc:3d}: {lv.qps:7.1f} QPS  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  "
+            f"mean {lv.mean_ms:7.1f} ms  queries/batch {qpb:5.1f}  stages busy {busy}  errors "
+            f"{lv.errors}  (n={len(lv.latencies_s)})  encoder-only ceiling {ceiling:.0f} q/s "
+            f"(ratio {lv.qps / ceiling:.2f})"
+        )
+        summary |= {
+            f"qps_c{conc}": f"{lv.qps:.1f}",
+            f"p50_ms_c{conc}": f"{p50:.1f}",
+            f"p99_ms_c{conc}": f"{p99:.1f}",
+            f"batch_c{conc}": f"{qpb:.1f}",
+            f"errors_c{conc}": str(lv.errors),
+            f"encoder_qps_b64_c{conc}": f"{ceiling:.1f}",
+            f"ratio_c{conc}": f"{lv.qps / ceiling:.2f}",
+        }
+    summary["flat_faiss_ms_b64"] = f"{ceil['flat_faiss_ms_b64']:.1f}"
+    summary["flat_torch_ms_b64"] = f"{ceil['flat_torch_ms_b64']:.1f}"
+    return summary
+
+
+def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dict:
+    """Ours and the server at --reference-url under the same load, alternating which goes first
+    in each of --rounds rounds; one query per request with return_scores=true (the reference
+    fails one-query requests without scores), then requests of 64 queries."""
+    servers = {"ours": ours, "ref": args.reference_url.rstrip("/")}
+    probe = queries[-args.check_queries :]
+    got = {name: hit_ids(url, probe) for name, url in servers.items()}
+    same = same_hits(got["ours"], got["ref"])
+    print(f"identical hits: {same}/{len(probe)} queries (ids in order, scores within 1e-4)")
+    for url in servers.values():  # warm-up
+        asyncio.run(
+            load_level(url, queries, 8, 2.0, 10_000, client=args.client, return_scores=True)
+        )
+    concs = [int(c) for c in args.concurrency.split(",")]
+    runs: dict[tuple[str, int], list] = {(n, c): [] for n in servers for c in concs}
+    big: dict[str, list[float]] = {n: [] for n in servers}
+    for r in range(args.rounds):
+        order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+        for conc in concs:
+            for name in order:
+                before = stats(ours) if name == "ours" else None
+                lv = asyncio.run(
+                    load_level(
+                        servers[name],
+                        queries,
+                        conc,
+                        args.duration,
+                        r * 5_000,
+                        client=args.client,
+                        return_scores=True,
+                    )
+                )
+                runs[name, conc].append(lv)
+                how = ""
+                if before is not None:
+                    after = stats(ours)
+                    n = max(1, after["batches"] - before["batches"])
+                    inline = after.get("inline_batches", 0) - before.get("inline_batches", 0)
+                    qpb = (after["batched_queries"] - before["batched_queries"]) / n
+                    how = f"  queries/batch {qpb:4.1f}  inline {inline / n:4.0%}"
+                print(
+                    f"round {r + 1} c={conc:3d} {name:4s}: {lv.qps:6.1f} QPS  p50 {lv.ms(50):6.1f}"
+                    f" ms  p99 {lv.ms(99):6.1f} ms  errors {lv.errors}{how}  load {load_avg()}"
+                )
+        for name in order:
+            lat = asyncio.run(
+                big_requests(servers[name], queries, args.big_requests, 64, client=args.client)
+            )
+            big[name] += lat
+            print(
+                f"round {r + 1} 64-query requests {name:4s}: median "
+                f"{statistics.median(lat) * 1000:6.1f} ms"
+            )
+    summary: dict[str, str] = {}
+    print(
+        "\n| concurrency | ours QPS (runs) | ours p50 / p99 ms | reference QPS (runs) | "
+        "reference p50 / p99 ms | ours / reference |\n|---|---|---|---|---|---|"
+    )
+    for conc in concs:
+        o, f = summarize(runs["ours", conc]), summarize(runs["ref", conc])
+        ratio = o["qps"] / f["qps"]
+        print(
+            f"| {conc} | {o['qps']:.1f} ({' / '.join(f'{q:.1f}' for q in o['qps_runs'])}) | "
+            f"{o['p50']:.1f} / {o['p99']:.1f} | "
+            f"{f['qps']:.1f} ({' / '.join(f'{q:.1f}' for q in f['qps_runs'])}) | "
+            f"{f['p50']:.1f} / {f['p99']:.1f} | {ratio:.2f}x |"
+        )
+        summary |= {
+            f"qps_c{conc}": f"{o['qps']:.1f}",
+            f"ref_qps_c{conc}": f"{f['qps']:.1f}",
+            f"ratio_c{conc}": f"{ratio:.2f}",
+            f"p50_ms_c{conc}": f"{o['p50']:.1f}",
+            f"ref_p50_ms_c{conc}": f"{f['p50']:.1f}",
+            f"errors_c{conc}": str(o["errors"] + f["errors"]),
+        }
+    b_ours, b_ref = statistics.median(big["ours"]), statistics.median(big["ref"])
+    print(
+        f"| 64 queries in 1 request | {b_ours * 1000:.1f} ms median | | "
+        f"{b_ref * 1000:.1f} ms median | | {b_ref / b_ours:.2f}x |"
+    )
+    summary |= {
+        "b64_ms": f"{b_ours * 1000:.1f}",
+        "ref_b64_ms": f"{b_ref * 1000:.1f}",
+        "ratio_b64": f"{b_ref / b_ours:.2f}",
+        "identical_hits": f"{same}/{len(probe)}",
+    }
+    return summary
+
+
+def load_avg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -177,7 +300,7 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=100)
     ap.add_argument("--max-length", type=int, default=32)
     ap.add_argument("--cache-dir", default="runs/bench-cache")
-    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--concurrency", default=None, help="default 1,8,32,64 (alone), 1,8,32")
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument(
@@ -186,107 +309,43 @@ def main() -> None:
         default="auto",
         help="dense.encoder_process (A/B; auto = a child process on CPU)",
     )
+    ap.add_argument(
+        "--reference-url",
+        default=None,
+        help="a running /retrieve server (e.g. bench/searchr1_reference.py over the same index) "
+        "to measure side by side with ours",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="side by side: alternated rounds")
+    ap.add_argument("--big-requests", type=int, default=10, help="64-query requests per round")
+    ap.add_argument("--check-queries", type=int, default=100, help="hits compared per server")
+    ap.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default=None,
+        help="default: raw alone, httpx side by side",
+    )
     args = ap.parse_args()
+    args.client = args.client or ("httpx" if args.reference_url else "raw")
+    args.concurrency = args.concurrency or ("1,8,32" if args.reference_url else "1,8,32,64")
 
     index_dir = build_cached(args)
     queries = synthetic.queries(20_000, corpus_rows=args.rows, seed=7)
-    ceil, encoder_qps = ceilings(index_dir, queries)
-    print(
-        f"Flat search of 64 queries over {args.rows} rows: faiss {ceil['flat_faiss_ms_b64']:.1f} "
-        f"ms, torch {ceil['flat_torch_ms_b64']:.1f} ms"
-    )
-
-    port = free_port()
-    cfg = Path(tempfile.mkdtemp()) / "retriever.yaml"
-    cfg.write_text(
-        json.dumps(
-            {
-                "retriever": {
-                    "cache": {"size": 0},
-                    "grpc_port": None,
-                    "batching": {"max_batch": 64, "max_wait_ms": args.max_wait_ms},
-                    "dense": {
-                        "encoder_process": {"auto": "auto", "true": True, "false": False}[
-                            args.encoder_process
-                        ]
-                    },
-                },
-                "logging": {"level": "WARNING"},
-            }
-        )
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "searchr1.stack.cli",
-            "retriever",
-            "serve",
-            "--index",
-            str(index_dir),
-            "--port",
-            str(port),
-            "--config",
-            str(cfg),
-        ],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    summary: dict[str, str] = {}
+    summary = {"load_start": load_avg()}
+    proc, url = start_server(index_dir, args)
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.5)
-        asyncio.run(load_level("127.0.0.1", port, queries, 8, 2.0, 10_000))  # warm-up
-        nxt = 0
-        for conc in (int(c) for c in args.concurrency.split(",")):
-            ceiling_before = encoder_qps()
-            before = stats(url)
-            lat, errors, elapsed, nxt = asyncio.run(
-                load_level("127.0.0.1", port, queries, conc, args.duration, nxt)
-            )
-            after = stats(url)
-            ceiling = (ceiling_before + encoder_qps()) / 2
-            n_batches = max(1, after["batches"] - before["batches"])
-            qpb = (after["batched_queries"] - before["batched_queries"]) / n_batches
-            busy = "/".join(
-                f"{(a - b) / args.duration:.0%}"
-                for a, b in zip(after["stage_busy_s"], before["stage_busy_s"], strict=True)
-            )
-            lat_ms = np.array(lat) * 1000
-            qps = len(lat) / elapsed
-            p50, p99 = float(np.percentile(lat_ms, 50)), float(np.percentile(lat_ms, 99))
-            print(
-                f"concurrency {conc:3d}: {qps:7.1f} QPS  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  "
-                f"mean {statistics.fmean(lat_ms):7.1f} ms  queries/batch {qpb:5.1f}  "
-                f"stages busy {busy}  errors {errors}  (n={len(lat)})  encoder-only ceiling "
-                f"{ceiling:.0f} q/s (ratio {qps / ceiling:.2f})"
-            )
-            summary |= {
-                f"qps_c{conc}": f"{qps:.1f}",
-                f"p50_ms_c{conc}": f"{p50:.1f}",
-                f"p99_ms_c{conc}": f"{p99:.1f}",
-                f"batch_c{conc}": f"{qpb:.1f}",
-                f"errors_c{conc}": str(errors),
-                f"encoder_qps_b64_c{conc}": f"{ceiling:.1f}",
-                f"ratio_c{conc}": f"{qps / ceiling:.2f}",
-            }
-            if conc in REFERENCE_QPS:
-                summary[f"vs_reference_c{conc}"] = f"{qps / REFERENCE_QPS[conc]:.2f}"
+        if args.reference_url:
+            summary |= side_by_side(args, url, queries)
+        else:
+            summary |= alone(args, url, index_dir, queries)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    summary["flat_faiss_ms_b64"] = f"{ceil['flat_faiss_ms_b64']:.1f}"
-    summary["flat_torch_ms_b64"] = f"{ceil['flat_torch_ms_b64']:.1f}"
-    summary["rows"] = str(args.rows)
-    summary["encoder_process"] = args.encoder_process
+    summary |= {
+        "rows": str(args.rows),
+        "encoder_process": args.encoder_process,
+        "client": args.client,
+        "load_end": load_avg(),
+    }
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
 
 
