@@ -1,7 +1,9 @@
 """Async client of SGLang's native HTTP API (a real SGLang, sglang-router, or our engine).
 
-Connection pooling via one `httpx.AsyncClient`; retries with exponential backoff on connection
-errors, timeouts and 5xx only (never on 4xx: a bad request stays bad). Weight versions are
+Connection pooling via one `httpx.AsyncClient`, or (`http_backend="aiohttp"`, what the
+orchestrator uses) one aiohttp pool called directly (`searchr1.json_http`); retries with
+exponential backoff on connection errors, timeouts and 5xx only (never on 4xx: a bad request
+stays bad). Weight versions are
 strings on the wire (SGLang's "default" before any update counts as 0) and ints here.
 
 Where SGLang crashes on input instead of rejecting it (an out-of-vocabulary token id kills the
@@ -15,12 +17,13 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from prometheus_client import Counter
 
 from inference.weight_group import Bucket, GroupJoin
+from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, Reply, dumps
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +104,11 @@ def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult
     )
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(resp: Reply) -> str:
     try:
         body = resp.json()
     except ValueError:
-        return resp.text[:500] or resp.reason_phrase
+        return resp.text[:500] or resp.reason
     if isinstance(body, dict):
         for key in ("detail", "error", "message"):
             val = body.get(key)
@@ -129,6 +132,7 @@ class InferenceClient:
         vocab_size: int | None = None,
         deadline_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_backend: Literal["httpx", "aiohttp"] = "httpx",
     ) -> None:
         self.vocab_size = vocab_size  # when set, token ids outside [0, vocab_size) never leave
         self.timeout_s = timeout_s
@@ -138,15 +142,23 @@ class InferenceClient:
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            transport=transport,  # tests: a flaky fake server; None: real connections
-        )
+        self._http: JsonTransport
+        if http_backend == "aiohttp":
+            self._http = AiohttpJson(
+                self.base_url, max_connections=max_connections, headers=headers
+            )
+        else:
+            self._http = HttpxJson(
+                httpx.AsyncClient(
+                    base_url=self.base_url,
+                    headers=headers,
+                    limits=httpx.Limits(
+                        max_connections=max_connections,
+                        max_keepalive_connections=max_connections,
+                    ),
+                    transport=transport,  # tests: a flaky fake server; None: real connections
+                )
+            )
 
     async def _request(
         self,
@@ -164,6 +176,7 @@ class InferenceClient:
         loop = asyncio.get_running_loop()
         deadline = None if budget is None else loop.time() + budget
         last: Exception | None = None
+        body = None if json is None else dumps(json)
         for attempt in range(attempts):
             if attempt:
                 CLIENT_RETRIES.labels(path).inc()
@@ -171,27 +184,27 @@ class InferenceClient:
                 if deadline is not None and loop.time() + delay >= deadline:
                     break
                 await asyncio.sleep(delay)
-            timeout: Any = httpx.USE_CLIENT_DEFAULT
+            timeout_s, connect_s = self.timeout_s, min(10.0, self.timeout_s)
             if deadline is not None:
                 left = deadline - loop.time()
                 if left <= 0:
                     break
-                timeout = httpx.Timeout(min(left, self.timeout_s), connect=min(10.0, left))
+                timeout_s, connect_s = min(left, self.timeout_s), min(10.0, left)
             try:
-                resp = await self._http.request(method, path, json=json, timeout=timeout)
+                resp = await self._http.request(
+                    method, path, body, timeout_s=timeout_s, connect_s=connect_s
+                )
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 # A timed-out request's connection is closed: our engine aborts its work.
                 last = e
                 continue
-            if resp.status_code >= 500:
-                last = InferenceUnavailable(
-                    f"{path}: HTTP {resp.status_code}: {_error_message(resp)}"
-                )
+            if resp.status >= 500:
+                last = InferenceUnavailable(f"{path}: HTTP {resp.status}: {_error_message(resp)}")
                 continue
-            if resp.status_code >= 400:
+            if resp.status >= 400:
                 CLIENT_FAILURES.labels(path, "bad_request").inc()
                 raise InferenceBadRequest(
-                    f"{path}: HTTP {resp.status_code}: {_error_message(resp)}", resp.status_code
+                    f"{path}: HTTP {resp.status}: {_error_message(resp)}", resp.status
                 )
             try:
                 return resp.json()
@@ -238,14 +251,14 @@ class InferenceClient:
             params["sampling_seed"] = seed  # SGLang's name for the per-request seed
         self._check_ids(input_ids, "input_ids")
         self._check_ids(stop_token_ids or [], "stop_token_ids")
-        body = {"input_ids": list(input_ids), "sampling_params": params}
+        body = {"input_ids": input_ids, "sampling_params": params}
         body["return_logprob"] = return_logprob
         data = await self._request("POST", "/generate", body, deadline_s=deadline_s)
         return parse_generate(data, return_logprob)
 
     def _check_ids(self, ids: list[int], field: str) -> None:
-        if self.vocab_size is None:
-            return
+        if self.vocab_size is None or not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
+            return  # min/max run in C: the whole context is checked on every turn
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             CLIENT_FAILURES.labels("/generate", "bad_request").inc()

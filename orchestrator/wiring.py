@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
 from orchestrator.evaluate import evaluate
@@ -44,36 +42,27 @@ class Clients:
             await self.bus.close()
 
 
-def aiohttp_pool(max_connections: int) -> Any:
-    from httpx_aiohttp import AiohttpTransport
-
-    # keepalive_expiry: a connection idle for a whole turn (seconds) is still reused.
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=60.0,
-    )
-    return AiohttpTransport(limits=limits)
-
-
 def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> Clients:
     from inference.client import InferenceClient
     from retriever.client import RetrieverClient
     from searchr1.bus import TrajectoryBus
 
     # One connection per sample waiting on the engine (+ the weight polls) and per search in
-    # flight: aiohttp's pool, since httpcore's scans every connection on every request
-    # (bench/orchestrator_scale.py: 15 ms of CPU per request at 512 connections, 0.6 here).
+    # flight, on aiohttp pools called directly (searchr1.json_http): httpcore's pool scans every
+    # connection on every request (15 ms of CPU per request at 512 connections), and httpx's
+    # request/response objects over aiohttp cost more than the I/O (bench/orchestrator_scale.py).
     return Clients(
         engine=InferenceClient(
             cfg.engine_url,
             deadline_s=cfg.engine_retry_s,
-            transport=aiohttp_pool(cfg.rollout.max_concurrent_samples + 8),
+            max_connections=cfg.rollout.max_concurrent_samples + 8,
+            http_backend="aiohttp",
         ),
         retriever=RetrieverClient(
             cfg.search.retriever_url,
             timeout_s=cfg.search.timeout_s,
-            transport=aiohttp_pool(cfg.search.max_concurrency),
+            max_connections=cfg.search.max_concurrency,
+            http_backend="aiohttp",
         ),
         bus=TrajectoryBus.from_url(redis_url, bus_cfg),
     )
@@ -111,9 +100,12 @@ def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[
 
 
 def load_tokenizer(path: str) -> Any:
+    """The model's tokenizer; encode/decode on its Rust backend (`orchestrator.tokenizer`)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    from orchestrator.tokenizer import rust_tokenizer
+
+    return rust_tokenizer(AutoTokenizer.from_pretrained(path))
 
 
 async def connect_rollout(

@@ -3,14 +3,18 @@
 No internal retries: callers (the rollout loop) retry with backoff and count attempts, so an
 exhausted retry is visible there. Errors are classified for them: RetrieverUnavailable
 (connection errors, timeouts, 5xx, 429: retryable) and RetrieverBadRequest (other 4xx: not).
+Transport: an `httpx.AsyncClient`, or (`http_backend="aiohttp"`, the orchestrator's) one aiohttp
+pool called directly (`searchr1.json_http`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+
+from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, Reply, dumps
 
 
 @dataclass(frozen=True)
@@ -52,28 +56,41 @@ class RetrieverClient:
         timeout_s: float = 10.0,
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_backend: Literal["httpx", "aiohttp"] = "httpx",
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=timeout_s,
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            transport=transport,  # None: httpx's own pool
+        self.timeout_s = timeout_s
+        self._client: JsonTransport
+        if http_backend == "aiohttp":
+            self._client = AiohttpJson(self.base_url, max_connections=max_connections)
+        else:
+            self._client = HttpxJson(
+                httpx.AsyncClient(
+                    base_url=self.base_url,
+                    limits=httpx.Limits(
+                        max_connections=max_connections,
+                        max_keepalive_connections=max_connections,
+                    ),
+                    transport=transport,  # None: httpx's own pool
+                )
+            )
+
+    async def _send(self, method: str, path: str, body: bytes | None = None) -> Reply:
+        return await self._client.request(
+            method, path, body, timeout_s=self.timeout_s, connect_s=self.timeout_s
         )
 
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[SearchHit]]:
         """One POST /retrieve with return_scores=true; NO internal retries."""
         body = {"queries": queries, "topk": topk, "return_scores": True}
         try:
-            resp = await self._client.post("/retrieve", json=body)
+            resp = await self._send("POST", "/retrieve", dumps(body))
         except httpx.HTTPError as e:  # connect errors, timeouts, protocol errors
             raise RetrieverUnavailable(f"{type(e).__name__}: {e}") from e
-        if resp.status_code == 429 or resp.status_code >= 500:
-            raise RetrieverUnavailable(f"HTTP {resp.status_code}: {_message(resp)}")
-        if resp.status_code >= 400:
-            raise RetrieverBadRequest(f"HTTP {resp.status_code}: {_message(resp)}")
+        if resp.status == 429 or resp.status >= 500:
+            raise RetrieverUnavailable(f"HTTP {resp.status}: {_message(resp)}")
+        if resp.status >= 400:
+            raise RetrieverBadRequest(f"HTTP {resp.status}: {_message(resp)}")
         try:
             result = resp.json()["result"]
             hits = [[_parse_hit(item) for item in per_query] for per_query in result]
@@ -87,16 +104,16 @@ class RetrieverClient:
 
     async def health(self) -> bool:
         try:
-            resp = await self._client.get("/health")
+            resp = await self._send("GET", "/health")
         except httpx.HTTPError:
             return False
-        return resp.status_code == 200
+        return resp.status == 200
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
-def _message(resp: httpx.Response) -> str:
+def _message(resp: Reply) -> str:
     try:
         body = resp.json()
         return str(body.get("error") or body.get("detail") or body)

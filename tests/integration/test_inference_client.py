@@ -336,7 +336,7 @@ async def test_model_info_route_and_its_deprecated_name(target: Target) -> None:
         seen.append(request.url.path)
 
     c = InferenceClient(target.url, timeout_s=30)
-    c._http.event_hooks["request"].append(record)
+    c._http.client.event_hooks["request"].append(record)  # type: ignore[attr-defined]
     try:
         await c.get_model_info()
     finally:

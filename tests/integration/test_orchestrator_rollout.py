@@ -25,6 +25,7 @@ from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.search import SearchTool
+from orchestrator.tokenizer import rust_tokenizer
 from retriever.client import RetrieverClient
 from searchr1.redis_server import free_port
 from tests.integration.orchestrator_policy import build_episodes, train_policy
@@ -99,9 +100,12 @@ def rollout_for(stack: Stack, retriever_url: str | None = None, **cfg: Any) -> R
     search_cfg = SearchConfig(
         retriever_url=retriever_url or stack.retriever.url, topk=TOPK, **cfg.pop("search", {})
     )
-    tool = SearchTool(RetrieverClient(search_cfg.retriever_url, timeout_s=2.0), search_cfg)
-    engine = InferenceClient(stack.engine.url, max_retries=1)
-    return Rollout(RolloutConfig(**cfg), engine, tool, stack.tokenizer, greedy=True)
+    # As the service builds them (orchestrator.wiring): aiohttp pools, the Rust tokenizer.
+    retriever = RetrieverClient(search_cfg.retriever_url, timeout_s=2.0, http_backend="aiohttp")
+    tool = SearchTool(retriever, search_cfg)
+    engine = InferenceClient(stack.engine.url, max_retries=1, http_backend="aiohttp")
+    tok = rust_tokenizer(stack.tokenizer)
+    return Rollout(RolloutConfig(**cfg), engine, tool, tok, greedy=True)
 
 
 async def run_one(rollout: Rollout, prompt: Prompt, group_size: int = 1) -> list[Sample]:

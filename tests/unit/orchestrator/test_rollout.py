@@ -14,6 +14,7 @@ from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout, run_group
 from orchestrator.sample import Prompt, Status, new_group
 from orchestrator.search import SearchTool
+from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.trajectory import to_trajectory
 from protos.trajectory import FinishReason, decode, encode
 from tests.unit.orchestrator.conftest import ScriptedEngine
@@ -54,7 +55,9 @@ DOCS = 'Doc 1(Title: "Paris") Paris is the capital of France.\nDoc 2(Title: "Lyo
 def make(tokenizer, turns, *, group_size=1, retriever=None, context_length=None, **cfg):  # type: ignore[no-untyped-def]
     engine = ScriptedEngine(tokenizer, turns)
     tool = SearchTool(retriever or FakeRetriever(), SearchConfig(topk=2))
-    rollout = Rollout(RolloutConfig(**cfg), engine, tool, tokenizer, context_length=context_length)
+    # The service's tokenizer (Rust backend called directly); expectations use transformers'.
+    fast = rust_tokenizer(tokenizer)
+    rollout = Rollout(RolloutConfig(**cfg), engine, tool, fast, context_length=context_length)
     ids = prompt_token_ids(tokenizer, PROMPT.messages)
     group = new_group(PROMPT, ids, group_size=group_size, rollout_step=3, run_id="r")
     return engine, rollout, group
