@@ -41,6 +41,16 @@ class HttpConfig(Section):
     graceful_shutdown_s: float = Field(
         default=30.0, gt=0, description="How long in-flight requests may finish after SIGTERM."
     )
+    # uvicorn's default (5 s) is shorter than a rollout turn: the server closed idle connections
+    # that the client then reused (a failed request and a retry, or an error). Longer than any
+    # of our clients keeps an idle connection (aiohttp pools 60 s, httpx 5 s), so the client is
+    # always the side that closes it.
+    keep_alive_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="How long an idle keep-alive connection stays open (uvicorn's "
+        "timeout_keep_alive); keep it above the clients' idle expiry.",
+    )
     # Checked before anything parses the body: a JSON body is parsed on the event loop, so an
     # unbounded one stalls every other request, health probes included.
     max_body_bytes: int = Field(

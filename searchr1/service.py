@@ -372,6 +372,7 @@ def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
         port=http.port,
         log_config=None,  # keep our logging set-up
         timeout_graceful_shutdown=http.graceful_shutdown_s,
+        timeout_keep_alive=http.keep_alive_s,  # not uvicorn's 5 s: see HttpConfig
         lifespan="on",
     )
     return uvicorn.Server(config)
