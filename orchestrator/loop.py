@@ -32,7 +32,7 @@ from orchestrator.data import PromptSampler
 from orchestrator.evaluate import evaluate
 from orchestrator.partition import StepClaims
 from orchestrator.prompt import prompt_token_ids
-from orchestrator.rollout import Rollout, run_group
+from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
@@ -110,15 +110,18 @@ class Orchestrator:
         self.step_version = 0  # the version the current step waited for
         self.running = False
         self.last_summary: dict[str, float] = {}
-        # Whole groups are admitted, so the in-flight cap is counted in groups.
-        self._gate = asyncio.Semaphore(max(1, cfg.rollout.max_concurrent_samples // run.group_size))
-        # Every process of the run claims its share of each step's groups through Redis.
+        # Every process of the run claims its share of each step's groups through Redis, a whole
+        # group whenever its samples fit under `max_concurrent_samples`. Samples are counted
+        # one by one: a sample that finishes frees its place at once, not when its whole group
+        # does (counted in groups, a process ran ~60% of its cap: groups wait on their slowest).
+        self._finished_early = 0  # finished samples of groups still held
         self.claims = StepClaims(
             bus.redis,
             self.prefix,
             cfg.partition,
             self.redis_retry,
-            max_groups=max(1, cfg.rollout.max_concurrent_samples // run.group_size),
+            max_groups=cfg.rollout.max_concurrent_samples,
+            room=self._room,
         )
 
     # -- state in Redis ---------------------------------------------------------------------
@@ -332,8 +335,7 @@ class Orchestrator:
                 rollout_step=step,
                 run_id=self.run_cfg.id,
             )
-            async with self._gate:
-                await run_group(self.rollout, group)
+            await self._run_samples(group)
             if any(s.status in (Status.ERROR, Status.ABORTED) for s in group):
                 metrics.GROUPS_SKIPPED.labels("error").inc()
                 log.warning(
@@ -365,6 +367,27 @@ class Orchestrator:
         await self._mark_published(group_id)
         metrics.GROUPS_PUBLISHED.inc()
         return group
+
+    def _room(self, groups_held: int) -> bool:
+        """One more group fits: its samples and those still running (always one group)."""
+        size, cap = self.run_cfg.group_size, self.cfg.rollout.max_concurrent_samples
+        return groups_held == 0 or (groups_held + 1) * size - self._finished_early <= cap
+
+    async def _run_samples(self, group: list[Sample]) -> None:
+        """The group's samples concurrently (no barrier between turns); each one that finishes
+        counts as a free place until the group is done."""
+        done = 0
+
+        async def one(sample: Sample) -> None:
+            nonlocal done
+            await self.rollout.run_sample(sample)
+            done += 1
+            self._finished_early += 1
+
+        try:
+            await asyncio.gather(*(one(s) for s in group))
+        finally:
+            self._finished_early -= done
 
     async def _fresh(self, group: list[Sample]) -> bool:
         oldest = min(v for s in group for v in (s.weight_versions or [0]))

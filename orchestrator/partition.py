@@ -134,6 +134,7 @@ class StepClaims:
         retry: RedisRetry,
         *,
         max_groups: int,
+        room: Callable[[int], bool] | None = None,
     ) -> None:
         self.redis = redis
         self.prefix = f"{prefix}:partition"
@@ -141,6 +142,9 @@ class StepClaims:
         self.retry = retry
         self.worker = cfg.worker_id or default_worker_id()
         self.max_groups = max_groups  # groups this process runs at once
+        # Whether one more group fits, given the groups held (the orchestrator counts samples:
+        # a group's finished samples free their places before the whole group is done).
+        self.room = room
         self._ttl_ms = max(1, int(cfg.claim_ttl_s * 1000))
         self._seed = redis.register_script(_SEED)
         self._claim = redis.register_script(_CLAIM)
@@ -200,7 +204,8 @@ class StepClaims:
                 if renewer.done():  # it failed (Redis gone past its deadline): so does the step
                     renewer.result()
                 claimed = None
-                if len(tasks) < self.max_groups:
+                held = len(tasks)
+                if held < self.max_groups and (self.room is None or self.room(held)):
                     claimed = await self._call(
                         "partition_claim",
                         lambda: self._claim(

@@ -12,6 +12,7 @@ from orchestrator.data import PromptSampler, row_to_prompt
 from orchestrator.loop import Orchestrator, WeightsNotPushed
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
+from orchestrator.sample import Status
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
 from searchr1.bus import TrajectoryBus
@@ -255,3 +256,44 @@ async def test_a_new_run_refuses_an_existing_run_id(tokenizer, bus) -> None:  # 
     fresh = build(tokenizer, bus, engine, mode="async", max_steps=1, epochs=2)
     await fresh.run(fresh=True)
     assert fresh.step == 1
+
+
+class TimedRollout:
+    """Sample 0 of every group finishes at once, the others late; counts what runs at once."""
+
+    def __init__(self, tokenizer) -> None:  # type: ignore[no-untyped-def]
+        self.tokenizer = tokenizer
+        self.samples: set[str] = set()
+        self.peak_samples = 0
+        self.peak_groups = 0
+
+    async def run_sample(self, s):  # type: ignore[no-untyped-def]
+        self.samples.add(s.trajectory_id)
+        self.peak_samples = max(self.peak_samples, len(self.samples))
+        groups = {t.rsplit("/", 1)[0] for t in self.samples}
+        self.peak_groups = max(self.peak_groups, len(groups))
+        await asyncio.sleep(0.02 if s.sample_index == 0 else 0.6)
+        self.samples.remove(s.trajectory_id)
+        s.status = Status.ANSWERED
+        return s
+
+
+async def test_the_cap_counts_samples_not_groups(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    """4 places, groups of 2 with one quick sample each: once the first two groups' quick
+    samples are done, a third group fits (counted in groups, it waited for a whole group)."""
+    cfg = OrchestratorConfig.model_validate(
+        {"mode": "async", "rollout": {"max_concurrent_samples": 4}, "partition": {"poll_s": 0.02}}
+    )
+    rollout = TimedRollout(tokenizer)
+    orch = Orchestrator(
+        cfg,
+        run=RunConfig(groups_per_step=4, group_size=2, max_steps=1),
+        rollout=rollout,  # type: ignore[arg-type]
+        scorer=Scorer(cfg.reward),
+        engine=ScriptedEngine(tokenizer, [TURN2]),
+        bus=bus,
+        sampler=PromptSampler(PROMPTS, 4, seed=0, epochs=1),
+    )
+    await asyncio.wait_for(orch.run(), 10)
+    assert rollout.peak_samples == 4 and rollout.peak_groups == 3
+    assert len(await drain(bus)) == 8
