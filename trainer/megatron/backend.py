@@ -29,7 +29,7 @@ from trainer.megatron.config import check_layout
 from trainer.megatron.logprobs import vocab_parallel_logprobs
 from trainer.megatron.model import ModelShape, build_gpt, padded_vocab, shape_from_hf
 from trainer.megatron.model import transformer_config as make_config
-from trainer.megatron.parallel import Layout, attention_mask, init_parallel, kept_rows
+from trainer.megatron.parallel import Layout, init_parallel, kept_rows, segment_lengths
 from trainer.megatron.weights import gather_hf, load_full
 
 T = TypeVar("T")
@@ -158,7 +158,8 @@ class MegatronBackend(TrainerBackend):
 
     def _inputs(self, mb: MicroBatch) -> tuple[torch.Tensor, ...]:
         d = self.device
-        return (mb.input_ids.to(d), mb.position_ids.to(d), attention_mask(mb).to(d))
+        # the attention mask of `SegmentAttention`: sequence lengths, kept on the CPU
+        return (mb.input_ids.to(d), mb.position_ids.to(d), segment_lengths(mb))
 
     def _token_stats(
         self, logits: torch.Tensor, mb: MicroBatch, *, entropy: bool, entropy_grad: bool

@@ -173,9 +173,14 @@ def build_gpt(shape: ModelShape, config: Any, *, vocab: int, pre: bool, post: bo
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from trainer.megatron.attention import SegmentAttention
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    # Per-sequence attention of packed rows (the local spec has no packed path of its own).
+    spec.submodules.self_attention.submodules.core_attention = SegmentAttention
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=spec,
         vocab_size=vocab,
         max_sequence_length=shape.max_positions,
         pre_process=pre,

@@ -66,20 +66,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def attention_mask(mb: MicroBatch) -> torch.Tensor:
-    """`[B, 1, L, L]` bool, True = masked. The local layer spec has no packed (THD) attention
-    on CPU, so a packed row gets a block-diagonal causal mask (O(L^2) memory over the row);
-    a padded batch gets causal plus key padding."""
+def segment_lengths(mb: MicroBatch) -> torch.Tensor:
+    """`[B, S]` int64 on the CPU: the lengths of each row's sequences, zero-padded. A packed row
+    has its sequences (`cu_seqlens`); a right-padded row is one causal sequence (a real token
+    never sees the padding after it; the padding's own outputs are never read)."""
     b, n = mb.input_ids.shape
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    if mb.cu_seqlens is not None:
-        lengths = (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).long()
-        seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-        allowed = causal & (seq[:, None] == seq[None, :])
-        return ~allowed[None, None].expand(b, 1, n, n)
-    assert mb.attention_mask is not None
-    keys = mb.attention_mask.bool()[:, None, None, :]
-    return ~(causal[None, None] & keys)
+    if mb.cu_seqlens is None:
+        return torch.full((b, 1), n, dtype=torch.int64)
+    lengths = (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).to("cpu", torch.int64)
+    rest = n - int(lengths.sum())
+    if rest:  # tokens after the last sequence: their own segment, never attended to
+        lengths = torch.cat([lengths, torch.tensor([rest])])
+    return lengths[None].expand(b, -1)
 
 
 def kept_rows(logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """The Megatron backend equals the HF backend, layout by layout (gloo ranks on CPU).
 
 Each case runs `worker.py` under torchrun: logprobs (current and reference policy) and entropy
-of packed micro-batches mixing temperatures within 1e-5 of the HF model's, then one GRPO step
-of the real core (`trainer.step.train_on`) on both backends: the same loss metrics and grad
-norm, and the same updated weights after gathering them into HF names (1e-5; the step moves
-them by ~1e-3). Megatron's global state and the CPU shims stay in those processes.
+of packed (and right-padded) micro-batches mixing temperatures within 1e-5 of the HF model's,
+then one GRPO step of the real core (`trainer.step.train_on`) on both backends: the same loss
+metrics and grad norm, and the same updated weights after gathering them into HF names (1e-5;
+the step moves them by ~1e-3). Megatron's global state and the CPU shims stay in those processes.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_megatron_equals_hf_backend(
 ) -> None:
     diffs = _run(tmp_path, ranks, tp, pp, tied)
     assert diffs["gather_initial"] == 0.0, diffs  # a weight push sends the HF weights exactly
-    for key in ("logprobs_current", "logprobs_reference", "entropy", "weights"):
+    for key in ("logprobs_current", "logprobs_reference", "logprobs_padded", "entropy", "weights"):
         assert diffs[key] <= 1e-5, (key, diffs)
     # A fresh backend loading the full state takes the next step bit-identically.
     assert diffs["resume"] == 0.0 and diffs["steps_after_resume"] == 2, diffs

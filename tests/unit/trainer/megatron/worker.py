@@ -120,6 +120,13 @@ def main() -> None:
             diffs[f"logprobs_{policy}"] = max(
                 diffs.get(f"logprobs_{policy}", 0.0), float((lp - want).abs().max())
             )
+    # Right-padded micro-batches (`batch.packing: false`): the same logprobs.
+    padded = [build_microbatch(seqs, idxs, packed=False) for idxs in mine]
+    for mb, lp in zip(padded, meg.logprobs(padded, Policy.CURRENT), strict=True):
+        want = torch.cat([want_lp[i] for i in mb.samples])
+        diffs["logprobs_padded"] = max(
+            diffs.get("logprobs_padded", 0.0), float((lp - want).abs().max())
+        )
     ents: list[torch.Tensor] = []
 
     def record(mb, logp, entropy):  # type: ignore[no-untyped-def]
