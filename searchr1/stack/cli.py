@@ -173,6 +173,11 @@ def demo(
         help="SGLang's interpreter for --engine sglang (`python3 dev.py demo --engine sglang` "
         "builds .venv-sglang and sets it).",
     ),
+    trainer_backend: str = typer.Option(
+        "hf",
+        help="Trainer backend (trainer.backend): hf (Hugging Face model) or megatron "
+        "(Megatron-Core, the `megatron` extra; one process on CPU).",
+    ),
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
     from searchr1.logs import setup_logging
@@ -188,18 +193,48 @@ def demo(
             err=True,
         )
         raise typer.Exit(2)
+    _check_trainer_backend(trainer_backend)
     setup_logging("demo", "INFO", json_format=False)
-    chosen = {"engine": engine, "sglang_python": sglang_python}
+    chosen = {"engine": engine, "sglang_python": sglang_python, "trainer_backend": trainer_backend}
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
         if quick
         else DemoConfig(out, seed, rl_steps=steps, **chosen)
     )
     result = _run_supervised(lambda: run_demo(cfg))
-    print_demo_summary(result, out, engine)
+    print_demo_summary(result, out, engine, trainer_backend)
 
 
-def print_demo_summary(result: dict[str, float], out: Path, engine: str) -> None:
+def _check_trainer_backend(name: str) -> None:
+    """Exit 2 on an unknown backend, or on megatron without megatron-core installed (the
+    trainer would otherwise fail minutes later, after the warm start)."""
+    from trainer.config import BackendKind
+
+    if name not in {b.value for b in BackendKind}:
+        choices = " or ".join(b.value for b in BackendKind)
+        typer.secho(f"error: --trainer-backend must be {choices} (got {name!r})", err=True)
+        raise typer.Exit(2)
+    if name == BackendKind.MEGATRON and not _importable("megatron.core"):
+        typer.secho(
+            "error: --trainer-backend megatron needs megatron-core: "
+            "pip install -e '.[megatron]' (or searchr1[megatron])",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
+
+
+def print_demo_summary(
+    result: dict[str, float], out: Path, engine: str, trainer_backend: str
+) -> None:
     """The demo's before/after table and its last line of key=value pairs (also printed by the
     compose `cpu` profile's demo-report container)."""
     from rich.console import Console
@@ -220,7 +255,8 @@ def print_demo_summary(result: dict[str, float], out: Path, engine: str) -> None
     Console().print(table)
     typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
     typer.echo(f"see the rollouts and curves: searchr1 inspect {out}")
-    typer.echo(" ".join(f"{k}={v:.3f}" for k, v in result.items()) + f" engine={engine}")
+    pairs = " ".join(f"{k}={v:.3f}" for k, v in result.items())
+    typer.echo(f"{pairs} engine={engine} trainer_backend={trainer_backend}")
 
 
 def main() -> None:

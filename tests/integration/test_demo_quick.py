@@ -7,6 +7,7 @@ weight pushes) -> eval of the trained model -> table, plot, key=value line.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,14 +20,38 @@ from tests.support.engines import sglang_python
 from tests.support.inspector_run import check_inspector_pages
 
 
+def _megatron() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("engine", ["torch", pytest.param("sglang", marks=pytest.mark.sglang)])
-def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "trainer_backend"),
+    [
+        ("torch", "hf"),
+        pytest.param("sglang", "hf", marks=pytest.mark.sglang),
+        # ~90 s under load: slow. The trainer on Megatron-Core (one CPU process, the CPU shims).
+        pytest.param(
+            "torch",
+            "megatron",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(not _megatron(), reason="megatron-core is not installed"),
+            ],
+        ),
+    ],
+)
+def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str, trainer_backend: str) -> None:
     """With `sglang`, a real SGLang serves the evaluations and the GRPO steps: the trainer's
-    gloo pushes must update it every step."""
+    gloo pushes must update it every step. With `megatron`, the trainer trains, pushes and
+    exports on the Megatron backend."""
     out = tmp_path / "demo"
     exe = Path(sys.executable).with_name("searchr1")
     extra = ["--engine", "sglang", "--sglang-python", sglang_python()] if engine == "sglang" else []
+    extra += ["--trainer-backend", trainer_backend]
     proc = subprocess.run(
         [str(exe), "demo", "--quick", "--out", str(out), *extra],
         capture_output=True,
@@ -38,6 +63,9 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str) -> None:
     last = proc.stdout.strip().splitlines()[-1]
     values = dict(kv.split("=", 1) for kv in last.split())
     assert values["engine"] == engine
+    assert values["trainer_backend"] == trainer_backend
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    assert ("megatron.core.distributed" in trainer_log) == (trainer_backend == "megatron")
     if engine == "sglang":  # SGLang's own log: the two pushes moved its version 0 -> 1 -> 2
         served = (out / "logs" / "inference.log").read_text()
         assert "old_version='default' new_version='1'" in served

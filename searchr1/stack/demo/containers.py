@@ -35,6 +35,13 @@ def _settings():  # type: ignore[no-untyped-def]
     return load_settings(OrchestratorSettings, os.environ.get("SEARCHR1_CONFIG"))
 
 
+def _trainer_backend() -> str:
+    from searchr1.settings import load_settings
+    from trainer.config import TrainerSettings
+
+    return load_settings(TrainerSettings, os.environ.get("SEARCHR1_CONFIG")).trainer.backend.value
+
+
 def setup(runs: Path, data: Path, index: Path, model: Path, seed: int) -> None:
     """World, train/test rows, MiniLM index and the warm-started policy, into the volumes."""
     from retriever.build import BuildConfig, build_index
@@ -79,7 +86,8 @@ def report(runs: Path, test_rows: Path) -> dict[str, float]:
     plot(runs / "train_metrics.jsonl", b["em"], a["em"], runs / "demo.png")
     started = json.loads((runs / STARTED).read_text())["time"]
     result = summarize(b, a, time.time() - started)
-    print_demo_summary(result, runs, "torch")  # the cpu profile's engine
+    # the cpu profile's engine; the trainer's backend as its config names it
+    print_demo_summary(result, runs, "torch", _trainer_backend())
     return result
 
 

@@ -50,12 +50,14 @@ class DemoConfig:
     warm_start_threads: int | None = None
     engine: str = "torch"  # the inference service: our reference engine, or "sglang"
     sglang_python: str | None = None  # SGLang's interpreter (`python3 dev.py sglang` makes one)
+    trainer_backend: str = "hf"  # `trainer.backend`: hf (HF model) or megatron (Megatron-Core)
 
     @classmethod
-    def quick_mode(cls, out_dir: Path, seed: int = 0, **engine: Any) -> DemoConfig:
-        """A few steps of everything: exercises the whole path in minutes (the test suite)."""
+    def quick_mode(cls, out_dir: Path, seed: int = 0, **chosen: Any) -> DemoConfig:
+        """A few steps of everything: exercises the whole path in minutes (the test suite).
+        `chosen`: the engine and trainer backend fields."""
         return cls(
-            **engine,
+            **chosen,
             out_dir=out_dir,
             seed=seed,
             n_people=60,
@@ -145,6 +147,7 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     per_step = data["run"]["groups_per_step"]
     data["orchestrator"]["epochs"] = math.ceil(cfg.rl_steps * per_step / n_train)
     data["trainer"]["model"]["path"] = str(model_dir.resolve())
+    data["trainer"]["backend"] = cfg.trainer_backend
     data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")
     data["trainer"]["checkpoint"]["export_dir"] = str(out / "model-trained")
     data["trainer"]["metrics_jsonl"] = str(out / "train_metrics.jsonl")

@@ -1,0 +1,65 @@
+"""`searchr1 demo --trainer-backend`: the stack config it writes, its checks, its last line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from searchr1.stack import cli
+from searchr1.stack.config import load_config
+from searchr1.stack.demo.run import DemoConfig, write_stack_config
+
+
+def _rows(tmp_path: Path) -> dict[str, Path]:
+    rows = {}
+    for split in ("train", "test"):
+        rows[split] = tmp_path / f"{split}.jsonl"
+        rows[split].write_text('{"q": 1}\n' * 40)
+    return rows
+
+
+@pytest.mark.parametrize("backend", ["hf", "megatron"])
+def test_stack_config_names_the_trainer_backend(tmp_path: Path, backend: str) -> None:
+    cfg = DemoConfig.quick_mode(tmp_path / "out", trainer_backend=backend)
+    (tmp_path / "out").mkdir()
+    path = write_stack_config(cfg, tmp_path / "index", tmp_path / "model", _rows(tmp_path))
+    assert yaml.safe_load(path.read_text())["trainer"]["backend"] == backend
+    loaded = load_config(path)  # the whole stack config still validates
+    assert loaded.trainer.backend.value == backend
+    assert loaded.trainer.megatron.tp * loaded.trainer.megatron.pp == 1  # one process
+
+
+def test_unknown_trainer_backend_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "deepspeed"]
+    )
+    assert result.exit_code == 2
+    assert "--trainer-backend must be hf or megatron" in result.output
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_megatron_without_megatron_core_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "_importable", lambda module: module != "megatron.core")
+    result = CliRunner().invoke(
+        cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "megatron"]
+    )
+    assert result.exit_code == 2
+    assert "megatron-core" in result.output
+
+
+def test_importable_with_a_missing_parent_package() -> None:
+    assert cli._importable("json")
+    assert not cli._importable("no_such_package_here.core")
+
+
+def test_last_line_names_engine_and_trainer_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.print_demo_summary({"em_before": 0.1, "em_after": 0.5}, tmp_path, "torch", "megatron")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "em_before=0.100 em_after=0.500 engine=torch trainer_backend=megatron"
