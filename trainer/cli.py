@@ -102,39 +102,49 @@ def run(
     raise typer.Exit(code)
 
 
-@app.command("export")
-def export(
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the HF model into.")],
-    config: ConfigOption = None,
+def _checkpoint_path(path: Path) -> Path | None:
+    """`path` itself when it is one checkpoint, else the latest one under it (None: neither)."""
+    from trainer.checkpoint import CheckpointManager
+    from trainer.config import CheckpointConfig
+
+    if (path / "trainer.json").exists():
+        return path
+    return CheckpointManager(CheckpointConfig(dir=str(path))).latest()
+
+
+@app.command("export-hf")
+def export_hf(
     checkpoint: Annotated[
-        Path | None, typer.Option(help="Checkpoint dir (default: the latest under checkpoint.dir).")
+        Path,
+        typer.Argument(help="A checkpoint (step_NNNNNNNN) or a checkpoint directory (its latest)."),
+    ],
+    out: Annotated[Path, typer.Argument(help="Directory to write the HF model into.")],
+    config: ConfigOption = None,
+    model: Annotated[
+        str | None, typer.Option(help="Base HF model directory (trainer.model.path).")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Base HF model directory.")] = None,
 ) -> None:
-    """Export a checkpoint's weights as a plain Hugging Face directory (safetensors)."""
-    cfg = load_or_exit(TrainerSettings, config)
-    section = cfg.trainer
+    """Write a checkpoint's weights as a plain Hugging Face directory (safetensors, config,
+    tokenizer) that the reference engine and SGLang load. Either backend (`trainer.backend`):
+    a Megatron checkpoint of any TP x PP x DP layout is read in this one process."""
+    from trainer.checkpoint import SHARDS, CheckpointManager
+    from trainer.config import BackendKind, CheckpointConfig
+    from trainer.dist import init_distributed
+
+    section = load_or_exit(TrainerSettings, config).trainer
     if model is not None:
         section.model.path = model
     if not section.model.path:
         raise _fail("trainer.model.path is not set (--model)")
-    if checkpoint is None and not section.checkpoint.dir:
-        raise _fail("no --checkpoint and trainer.checkpoint.dir is not set")
-
-    from trainer.checkpoint import CheckpointManager
-    from trainer.config import CheckpointConfig
-    from trainer.dist import init_distributed
-
-    ckpt_cfg = section.checkpoint
-    if checkpoint is not None:
-        ckpt_cfg = CheckpointConfig(dir=str(checkpoint.parent))
-    section.loss.kl_coef = 0.0  # no reference model needed to export
-    # One process: a Megatron checkpoint holds full tensors in HF layouts, any layout loads it.
-    section.megatron.tp = section.megatron.pp = 1
-    backend = _backend(section, init_distributed("cpu"))
-    mgr = CheckpointManager(ckpt_cfg)
-    path = checkpoint or mgr.latest()
+    path = _checkpoint_path(checkpoint)
     if path is None or not (path / "state.pt").exists():
-        raise _fail(f"no checkpoint found ({path or ckpt_cfg.dir})")
-    mgr.load(backend, path)
+        raise _fail(f"no checkpoint found at {checkpoint}")
+    if (path / SHARDS).is_dir() and section.backend != BackendKind.MEGATRON:
+        raise _fail(f"{path} was written by the Megatron backend: set trainer.backend: megatron")
+    section.loss.kl_coef = 0.0  # no reference model needed to export
+    # One CPU process: a Megatron checkpoint names no layout, any layout reads it back.
+    section.megatron.tp = section.megatron.pp = 1
+    section.model.device = "cpu"
+    backend = _backend(section, init_distributed("cpu"))
+    CheckpointManager(CheckpointConfig(dir=str(path.parent))).load(backend, path)
     typer.echo(str(backend.export_hf(out)))

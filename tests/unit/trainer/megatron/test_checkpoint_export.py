@@ -1,5 +1,5 @@
 """A Megatron checkpoint (TP=2 x DP=... on gloo) exports as a plain HF directory in one process
-(`searchr1 trainer export`), equal to the trained weights, with the tokenizer."""
+(`searchr1 trainer export-hf CKPT OUT`), equal to the trained weights, with the tokenizer."""
 
 from __future__ import annotations
 
@@ -43,11 +43,11 @@ def test_megatron_checkpoint_exports_in_one_process(tmp_path, tiny_model_dir) ->
         "-m",
         "searchr1.stack.cli",
         "trainer",
-        "export",
+        "export-hf",
+        str(tmp_path / "ckpt"),
+        str(out),
         "--config",
         str(stack),
-        "--out",
-        str(out),
     ]
     proc = subprocess.run(export, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
