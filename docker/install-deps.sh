@@ -3,6 +3,11 @@
 # source code does not invalidate this cached layer. Shared by every Dockerfile.
 #   sh install-deps.sh          the venv with the dependencies
 #   sh install-deps.sh wheel    the searchr1 wheel of /src into /wheels (same pip settings)
+#   sh install-deps.sh extras NAMES
+#                               pyproject extras (comma-separated; "" = none) as wheels in
+#                               /extras: what installing them into this venv added (its own
+#                               dependencies are mostly there already), for one image to install
+#                               with --no-deps in a small layer above the shared venv
 #
 # torch: a base image that already has it (PyTorch CUDA, SGLang) keeps its own build: the venv
 # sees the base's packages (--system-site-packages) and torch is pinned to that version, so pip
@@ -27,6 +32,19 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
 fi
 if [ "${1:-}" = wheel ]; then
     exec /opt/venv/bin/pip --disable-pip-version-check --no-input wheel --no-deps -w /wheels /src
+fi
+if [ "${1:-}" = extras ]; then
+    mkdir -p /extras
+    /opt/venv/bin/python /src/docker/requirements.py /src/pyproject.toml --extras "${2:-}" \
+        > /tmp/extras.txt
+    grep -q . /tmp/extras.txt || exit 0
+    PIP="/opt/venv/bin/pip --disable-pip-version-check --no-input"
+    # Resolved against the venv (torch stays the pinned one); the report names what was added.
+    $PIP install -c /tmp/pins.txt --report /tmp/extras.json -r /tmp/extras.txt
+    /opt/venv/bin/python /src/docker/requirements.py --installed /tmp/extras.json \
+        > /tmp/extras-installed.txt
+    grep -q . /tmp/extras-installed.txt || exit 0  # the base image had them all
+    exec $PIP wheel --no-deps -c /tmp/pins.txt -w /extras -r /tmp/extras-installed.txt
 fi
 
 # Debian/Ubuntu system Pythons (e.g. in the SGLang image) may lack ensurepip: fall back to virtualenv.

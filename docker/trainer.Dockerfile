@@ -5,7 +5,10 @@
 # A CPU image (the compose `cpu` profile): --build-arg BASE_IMAGE=python:3.11-slim-bookworm
 # Built by the engine's own BuildKit (DOCKER_BUILDKIT=1 or buildx): no `# syntax=` line, so no
 # frontend image is fetched from a registry. Everything above the service's ENV lines is the
-# same in all four Dockerfiles: on one base the images share every layer (one venv on disk).
+# same in all four Dockerfiles (on one base the images share every layer: one venv on disk),
+# except the trainer's extras: the `extras` stage and one small layer above the shared venv.
+# TRAINER_EXTRAS (pyproject extras, comma-separated; default `megatron`, the Megatron-Core
+# backend, `trainer.backend: megatron`; empty: none).
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 
 FROM ${BASE_IMAGE} AS deps
@@ -35,6 +38,13 @@ COPY trainer /src/trainer
 COPY inspector /src/inspector
 RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh wheel
 
+FROM deps AS extras
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_TRUSTED_HOST=
+ARG TRAINER_EXTRAS=megatron
+RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh extras "$TRAINER_EXTRAS"
+
 FROM ${BASE_IMAGE}
 COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
 # `sglang-python` runs the base image's interpreter (where sglang and sglang-router live),
@@ -50,6 +60,10 @@ RUN printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /usr/local/bin/
 # The venv (1 GB+) is one layer that changes only with the dependencies; the code is a small
 # layer on top, so a code edit never ships a new venv.
 COPY --from=deps /opt/venv /opt/venv
+# The trainer's extras (wheels of the `extras` stage): a small layer of the trainer's own.
+RUN --mount=type=bind,from=extras,source=/extras,target=/extras \
+    if ls /extras/*.whl >/dev/null 2>&1; then \
+        /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /extras/*.whl; fi
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
 COPY docker/healthcheck.py /opt/searchr1/healthcheck.py

@@ -109,13 +109,48 @@ def _layers(path: Path) -> list[tuple[str, str]]:
     ]
 
 
+def _shared_layers(path: Path) -> list[tuple[str, str]]:
+    """`_layers` without the trainer's extras: its `extras` stage and the layer installing
+    that stage's wheels."""
+    out, in_extras = [], False
+    for ins, rest in _layers(path):
+        if ins == "FROM":
+            in_extras = rest.endswith(" AS extras")
+        if not in_extras and "from=extras" not in rest:
+            out.append((ins, rest))
+    return out
+
+
 def test_the_four_images_share_every_layer() -> None:
-    """On one base (the compose `cpu` profile) the images differ only in metadata, so the venv
-    is stored once, not four times."""
-    first = _layers(DOCKERFILES[0])
+    """On one base (the compose `cpu` profile) the images differ only in metadata and the
+    trainer's extras layer, so the venv is stored once, not four times."""
+    first = _shared_layers(DOCKERFILES[0])
     assert any("COPY --from=deps /opt/venv" in f"{i} {r}" for i, r in first)
     for path in DOCKERFILES[1:]:
-        assert _layers(path) == first, f"{path.name} differs from {DOCKERFILES[0].name}"
+        assert _shared_layers(path) == first, f"{path.name} differs from {DOCKERFILES[0].name}"
+    for path in DOCKERFILES:
+        if path.stem != "trainer":
+            assert _layers(path) == _shared_layers(path), f"{path.name} has extras"
+
+
+def test_the_trainer_image_installs_the_megatron_extra_above_the_shared_venv() -> None:
+    """`trainer.backend: megatron` needs megatron-core: the trainer image installs the
+    `megatron` extra by default, in a layer of its own right above the shared venv (so the
+    venv layer stays the one all images share)."""
+    import tomllib
+
+    layers = _layers(stack.DOCKER / "trainer.Dockerfile")
+    final = layers[max(i for i, (ins, _) in enumerate(layers) if ins == "FROM") :]
+    venv = next(i for i, (_, r) in enumerate(final) if r.startswith("--from=deps /opt/venv"))
+    ins, rest = final[venv + 1]
+    assert ins == "RUN" and "from=extras" in rest and "--no-deps --no-index" in rest
+    extras_stage = [r for i, r in layers if i in ("ARG", "RUN")]
+    assert "TRAINER_EXTRAS=megatron" in extras_stage
+    assert any('install-deps.sh extras "$TRAINER_EXTRAS"' in r for r in extras_stage)
+    extras = tomllib.loads((stack.ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(r.startswith("megatron-core") for r in extras["megatron"])
 
 
 def test_the_layer_comparison_can_fail(tmp_path: Path) -> None:
@@ -157,8 +192,26 @@ def test_dependency_list_is_pyprojects() -> None:
     import tomllib
 
     mod = _load("requirements")
-    want = tomllib.loads((stack.ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert mod.dependencies(stack.ROOT / "pyproject.toml") == want
+    project = tomllib.loads((stack.ROOT / "pyproject.toml").read_text())["project"]
+    assert mod.dependencies(stack.ROOT / "pyproject.toml") == project["dependencies"]
+    extras = project["optional-dependencies"]
+    assert mod.extras(stack.ROOT / "pyproject.toml", "megatron") == extras["megatron"]
+    assert mod.extras(stack.ROOT / "pyproject.toml", "megatron, dev") == (
+        extras["megatron"] + extras["dev"]
+    )
+    assert mod.extras(stack.ROOT / "pyproject.toml", "") == []
+    with pytest.raises(KeyError, match="no extra 'megatrom'"):
+        mod.extras(stack.ROOT / "pyproject.toml", "megatrom")
+
+
+def test_installed_reads_pips_install_report(tmp_path: Path) -> None:
+    """What an extras install added (`pip install --report`), as pins for `pip wheel`."""
+    import json
+
+    report = tmp_path / "r.json"
+    rows = [{"metadata": {"name": "megatron-core", "version": "0.16.1"}, "is_direct": False}]
+    report.write_text(json.dumps({"version": "1", "install": rows}))
+    assert _load("requirements").installed(report) == ["megatron-core==0.16.1"]
 
 
 def _load(name: str):  # type: ignore[no-untyped-def]
