@@ -14,9 +14,10 @@ shorter than 32 tokens, the stored rows keep their full ~100 words).
 
 Side by side with another running server over the same index (`--reference-url`), e.g. the
 stand-in for the reference Search-R1 server in `bench/searchr1_reference.py`: the same load
-generator (httpx by default) against both, alternating which goes first in each of `--rounds`
-rounds, at `--concurrency` 1,8,32, then requests of 64 queries; hits compared first. The last
-line then carries ours, the reference's and their ratio per level:
+generator (httpx by default) against both, in `--rounds` rounds of short slices alternated
+between the two (the load on a shared machine moves within seconds), at `--concurrency`
+1,8,32, then requests of 64 queries; hits compared first. The last line then carries ours, the
+reference's and their ratio per level:
 
     IDX=runs/bench-cache/rows50000-words100-len32
     OMP_NUM_THREADS=1 .venv/bin/python bench/searchr1_reference.py --index_path $IDX/dense.faiss \
@@ -48,9 +49,11 @@ import httpx  # noqa: E402
 
 from bench.retriever_load import (  # noqa: E402
     CLIENTS,
+    Level,
     big_requests,
     hit_ids,
     load_level,
+    pooled,
     same_hits,
     summarize,
 )
@@ -202,9 +205,10 @@ def alone(args: argparse.Namespace, url: str, index_dir: Path, queries: list[str
 
 
 def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dict:
-    """Ours and the server at --reference-url under the same load, alternating which goes first
-    in each of --rounds rounds; one query per request with return_scores=true (the reference
-    fails one-query requests without scores), then requests of 64 queries."""
+    """Ours and the server at --reference-url under the same load: in each of --rounds rounds,
+    each level is cut into --slices slices run alternately on both (which goes first alternates
+    too); one query per request with return_scores=true (the reference fails one-query requests
+    without scores); then requests of 64 queries, alternated one by one."""
     servers = {"ours": ours, "ref": args.reference_url.rstrip("/")}
     probe = queries[-args.check_queries :]
     got = {name: hit_ids(url, probe) for name, url in servers.items()}
@@ -217,47 +221,63 @@ def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dic
     concs = [int(c) for c in args.concurrency.split(",")]
     runs: dict[tuple[str, int], list] = {(n, c): [] for n in servers for c in concs}
     big: dict[str, list[float]] = {n: [] for n in servers}
+    paired: dict[int, list[float]] = {c: [] for c in concs}  # ours / reference, slice by slice
     for r in range(args.rounds):
         order = list(servers) if r % 2 == 0 else list(servers)[::-1]
         for conc in concs:
-            for name in order:
-                before = stats(ours) if name == "ours" else None
-                lv = asyncio.run(
-                    load_level(
-                        servers[name],
-                        queries,
-                        conc,
-                        args.duration,
-                        r * 5_000,
-                        client=args.client,
-                        return_scores=True,
+            # Short slices, alternated: on a shared machine the load moves within seconds.
+            done: dict[str, list[Level]] = {n: [] for n in servers}
+            before = stats(ours)
+            for sl in range(args.slices):
+                for name in order if sl % 2 == 0 else order[::-1]:
+                    lv = asyncio.run(
+                        load_level(
+                            servers[name],
+                            queries,
+                            conc,
+                            args.duration / args.slices,
+                            r * 5_000 + sl * 500,
+                            client=args.client,
+                            return_scores=True,
+                        )
                     )
+                    done[name].append(lv)
+            after = stats(ours)
+            n = max(1, after["batches"] - before["batches"])
+            inline = after.get("inline_batches", 0) - before.get("inline_batches", 0)
+            qpb = (after["batched_queries"] - before["batched_queries"]) / n
+            paired[conc] += [
+                o.qps / f.qps for o, f in zip(done["ours"], done["ref"], strict=True) if f.qps
+            ]
+            for name in order:
+                runs[name, conc].append(pooled(done[name]))
+                lv = runs[name, conc][-1]
+                how = (
+                    f"  queries/batch {qpb:4.1f}  inline {inline / n:4.0%}"
+                    if name == "ours"
+                    else ""
                 )
-                runs[name, conc].append(lv)
-                how = ""
-                if before is not None:
-                    after = stats(ours)
-                    n = max(1, after["batches"] - before["batches"])
-                    inline = after.get("inline_batches", 0) - before.get("inline_batches", 0)
-                    qpb = (after["batched_queries"] - before["batched_queries"]) / n
-                    how = f"  queries/batch {qpb:4.1f}  inline {inline / n:4.0%}"
                 print(
                     f"round {r + 1} c={conc:3d} {name:4s}: {lv.qps:6.1f} QPS  p50 {lv.ms(50):6.1f}"
                     f" ms  p99 {lv.ms(99):6.1f} ms  errors {lv.errors}{how}  load {load_avg()}"
                 )
-        for name in order:
-            lat = asyncio.run(
-                big_requests(servers[name], queries, args.big_requests, 64, client=args.client)
-            )
-            big[name] += lat
+        lat: dict[str, list[float]] = {n: [] for n in servers}
+        for i in range(args.big_requests):  # one request each, alternated
+            for name in order if i % 2 == 0 else order[::-1]:
+                lat[name] += asyncio.run(
+                    big_requests(servers[name], queries[i * 64 :], 1, 64, client=args.client)
+                )
+        for name in order if args.big_requests else []:
+            big[name] += lat[name]
             print(
                 f"round {r + 1} 64-query requests {name:4s}: median "
-                f"{statistics.median(lat) * 1000:6.1f} ms"
+                f"{statistics.median(lat[name]) * 1000:6.1f} ms"
             )
     summary: dict[str, str] = {}
     print(
         "\n| concurrency | ours QPS (runs) | ours p50 / p99 ms | reference QPS (runs) | "
-        "reference p50 / p99 ms | ours / reference |\n|---|---|---|---|---|---|"
+        "reference p50 / p99 ms | ours / reference | paired slices: median (quartiles), ours "
+        "faster |\n|---|---|---|---|---|---|---|"
     )
     for conc in concs:
         o, f = summarize(runs["ours", conc]), summarize(runs["ref", conc])
@@ -266,7 +286,7 @@ def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dic
             f"| {conc} | {o['qps']:.1f} ({' / '.join(f'{q:.1f}' for q in o['qps_runs'])}) | "
             f"{o['p50']:.1f} / {o['p99']:.1f} | "
             f"{f['qps']:.1f} ({' / '.join(f'{q:.1f}' for q in f['qps_runs'])}) | "
-            f"{f['p50']:.1f} / {f['p99']:.1f} | {ratio:.2f}x |"
+            f"{f['p50']:.1f} / {f['p99']:.1f} | {ratio:.2f}x | {spread(paired[conc])} |"
         )
         summary |= {
             f"qps_c{conc}": f"{o['qps']:.1f}",
@@ -275,7 +295,11 @@ def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dic
             f"p50_ms_c{conc}": f"{o['p50']:.1f}",
             f"ref_p50_ms_c{conc}": f"{f['p50']:.1f}",
             f"errors_c{conc}": str(o["errors"] + f["errors"]),
+            f"faster_slices_c{conc}": f"{sum(x > 1 for x in paired[conc])}/{len(paired[conc])}",
         }
+    summary["identical_hits"] = f"{same}/{len(probe)}"
+    if not big["ours"]:
+        return summary
     b_ours, b_ref = statistics.median(big["ours"]), statistics.median(big["ref"])
     print(
         f"| 64 queries in 1 request | {b_ours * 1000:.1f} ms median | | "
@@ -285,9 +309,15 @@ def side_by_side(args: argparse.Namespace, ours: str, queries: list[str]) -> dic
         "b64_ms": f"{b_ours * 1000:.1f}",
         "ref_b64_ms": f"{b_ref * 1000:.1f}",
         "ratio_b64": f"{b_ref / b_ours:.2f}",
-        "identical_hits": f"{same}/{len(probe)}",
     }
     return summary
+
+
+def spread(ratios: list[float]) -> str:
+    if len(ratios) < 2:
+        return "-"
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    return f"{med:.2f} ({q1:.2f}-{q3:.2f}), {sum(x > 1 for x in ratios)}/{len(ratios)}"
 
 
 def load_avg() -> str:
@@ -316,6 +346,7 @@ def main() -> None:
         "to measure side by side with ours",
     )
     ap.add_argument("--rounds", type=int, default=2, help="side by side: alternated rounds")
+    ap.add_argument("--slices", type=int, default=3, help="alternated slices per level and round")
     ap.add_argument("--big-requests", type=int, default=10, help="64-query requests per round")
     ap.add_argument("--check-queries", type=int, default=100, help="hits compared per server")
     ap.add_argument(

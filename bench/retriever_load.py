@@ -193,15 +193,20 @@ def same_hits(a: list[list[tuple[str, float]]], b: list[list[tuple[str, float]]]
     )
 
 
+def pooled(levels: list[Level]) -> Level:
+    """Several runs of one level as one: all latencies, total time."""
+    lat = [x for lv in levels for x in lv.latencies_s]
+    return Level(lat, sum(lv.errors for lv in levels), sum(lv.elapsed_s for lv in levels), 0)
+
+
 def summarize(levels: list[Level]) -> dict[str, Any]:
     """Pooled statistics of several runs of one level: QPS of each run, percentiles pooled."""
-    lat = [x for lv in levels for x in lv.latencies_s]
-    pooled = Level(lat, sum(lv.errors for lv in levels), sum(lv.elapsed_s for lv in levels), 0)
+    p = pooled(levels)
     return {
         "qps_runs": [lv.qps for lv in levels],
-        "qps": pooled.qps,
-        "p50": pooled.ms(50),
-        "p99": pooled.ms(99),
-        "errors": pooled.errors,
-        "n": len(lat),
+        "qps": p.qps,
+        "p50": p.ms(50),
+        "p99": p.ms(99),
+        "errors": p.errors,
+        "n": len(p.latencies_s),
     }
