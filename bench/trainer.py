@@ -1,7 +1,8 @@
-"""Trainer throughput, packed vs padded, and weight-push time vs a raw broadcast.
+"""Trainer throughput per backend, packed vs padded, and weight-push time vs a raw broadcast.
 
     python bench/trainer.py [--samples 64] [--budget 4096] [--hidden 256] [--layers 4]
                             [--repeats 2] [--padded-mbs 4] [--device cpu|cuda] [--no-push]
+                            [--backends hf,megatron]
 
 1. Training tokens/s of one full GRPO step (old-logprob recompute + forward/backward +
    AdamW) on a rollout batch with a Search-R1 length spread (prompts 150-250 tokens; responses
@@ -9,6 +10,8 @@
    ~2,800 tokens, see `response_mask`), once with packed micro-batches and once with padded
    ones: (a) arrival order with `B * max_len <= budget` (our padded path, same budget), and
    (b) the usual padded trainer, `--padded-mbs` sequences per micro-batch padded to the longest.
+   For each backend of `--backends` (`trainer.backend`; megatron: one process, TP = PP = DP =
+   1, when megatron-core is installed), on the same model weights and the same batches.
 2. Weight push: a reference inference engine process serving a model of the same shape gets
    the trainer's weights through `WeightPusher` (gloo, `inference.weight_sync.WeightSender`);
    compared with a raw `torch.distributed.broadcast` of the same number of bytes between two
@@ -85,22 +88,40 @@ def model(hidden: int, layers: int, vocab: int):  # type: ignore[no-untyped-def]
     return Qwen2ForCausalLM(cfg)
 
 
-def train_rate(args: argparse.Namespace, **batch_kw: object) -> tuple[float, float, int, float]:
+def make_backend(name: str, cfg, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The `trainer.backend` named `name` over the same seeded model (one process)."""
+    from trainer.dist import DistInfo
+
+    dev = torch.device("cuda" if args.device == "cuda" else "cpu")
+    info = DistInfo(0, 1, 0, dev)
+    hf = model(args.hidden, args.layers, args.vocab)
+    if name == "megatron":
+        from trainer.megatron.backend import MegatronBackend
+
+        state = {k: v.clone() for k, v in hf.state_dict().items()}
+        return MegatronBackend(state, hf.config, cfg, info)
+    from trainer.hf_backend import HFBackend
+
+    return HFBackend(hf, cfg, info)
+
+
+def train_rate(
+    args: argparse.Namespace, backend_name: str = "hf", **batch_kw: object
+) -> tuple[float, float, int, float]:
     """Best-of-repeats tokens/s by wall clock, the step's seconds, padded slots, and tokens per
     CPU-second of this process (single-threaded: robust when other jobs share the cores)."""
     from trainer.config import BatchConfig, LossConfig, ModelConfig, OptimConfig, TrainerConfig
-    from trainer.dist import DistInfo
-    from trainer.hf_backend import HFBackend
     from trainer.step import train_on
 
     cfg = TrainerConfig(
+        backend=backend_name,
         model=ModelConfig(device=args.device),
         optim=OptimConfig(lr=1e-6),
         loss=LossConfig(kl_coef=0.0),
         batch=BatchConfig(**batch_kw),  # type: ignore[arg-type]
     )
     dev = torch.device("cuda" if args.device == "cuda" else "cpu")
-    backend = HFBackend(model(args.hidden, args.layers, args.vocab), cfg, DistInfo(0, 1, 0, dev))
+    backend = make_backend(backend_name, cfg, args)
     trajs = batch(args.samples, args.vocab)
     train_on(trajs[: max(args.samples // 8, 1)], backend, cfg)  # warm-up
     best = best_cpu = float("inf")
@@ -192,12 +213,32 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-push", action="store_true")
     ap.add_argument("--push-only", action="store_true")
+    ap.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated trainer.backend values (default: hf, and megatron when installed)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    backends = (args.backends or default_backends()).split(",")
 
     kv: dict[str, object] = {"device": args.device, "hidden": args.hidden, "layers": args.layers}
     if not args.push_only:
-        kv.update(train_bench(args))
+        kv["samples"] = args.samples
+        rates = {}
+        for name in backends:
+            rates[name] = train_bench(args, name)
+            # hf's keys are unprefixed (as recorded before backends were a dimension)
+            kv.update({(k if name == "hf" else f"{name}_{k}"): v for k, v in rates[name].items()})
+        if {"hf", "megatron"} <= set(rates):
+            ratio = rates["megatron"]["packed_tokens_per_s"] / rates["hf"]["packed_tokens_per_s"]
+            cpu = (
+                rates["megatron"]["packed_tokens_per_cpu_s"]
+                / rates["hf"]["packed_tokens_per_cpu_s"]
+            )
+            print(f"megatron / hf, packed: {ratio:.2f}x by wall clock, {cpu:.2f}x per CPU-second")
+            kv["megatron_over_hf_packed"] = round(ratio, 2)
+            kv["megatron_over_hf_packed_cpu"] = round(cpu, 2)
     if not args.no_push and args.device == "cpu":
         with tempfile.TemporaryDirectory() as tmp:
             push_s, nbytes = asyncio.run(push_seconds(args, Path(tmp)))
@@ -212,22 +253,34 @@ def main() -> None:
     print(" ".join(f"{k}={v}" for k, v in kv.items()))
 
 
-def train_bench(args: argparse.Namespace) -> dict[str, object]:
+def default_backends() -> str:
+    import importlib.util
+
+    try:
+        megatron = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        megatron = False
+    return "hf,megatron" if megatron else "hf"
+
+
+def train_bench(args: argparse.Namespace, backend: str) -> dict[str, float]:
     budget = args.budget
     packed_rate, packed_s, packed_tok, packed_cpu = train_rate(
-        args, max_tokens_per_microbatch=budget
+        args, backend, max_tokens_per_microbatch=budget
     )
     padded_rate, padded_s, padded_tok, padded_cpu = train_rate(
-        args, max_tokens_per_microbatch=budget, packing=False
+        args, backend, max_tokens_per_microbatch=budget, packing=False
     )
     # The usual padded trainer: a fixed number of sequences per micro-batch, padded to the
     # longest of them.
     fixed_rate, fixed_s, fixed_tok, fixed_cpu = train_rate(
         args,
+        backend,
         max_tokens_per_microbatch=1 << 30,
         packing=False,
         max_samples_per_microbatch=args.padded_mbs,
     )
+    print(f"backend {backend}:")
     print(
         f"packed:          {packed_rate:,.0f} tokens/s ({packed_s:.2f} s/step, {packed_tok} slots)"
     )
@@ -243,7 +296,6 @@ def train_bench(args: argparse.Namespace) -> dict[str, object]:
         f"({fixed_s:.2f} s/step, {fixed_tok} slots)"
     )
     return {
-        "samples": args.samples,
         "packed_tokens_per_s": round(packed_rate),
         "padded_budget_tokens_per_s": round(padded_rate),
         "padded_fixed_tokens_per_s": round(fixed_rate),
