@@ -216,3 +216,5 @@ def test_redis_fsyncs_every_write(values: str) -> None:
     cmd = " ".join(" ".join(c.get("command", []) + c.get("args", []))
                    for c in stack.pod_spec(redis[0])["containers"])  # fmt: skip
     assert "--appendfsync always" in cmd
+    # Full, it refuses writes instead of evicting stream entries (lost training data).
+    assert "--maxmemory-policy noeviction" in cmd and "--maxmemory " in cmd
