@@ -1,12 +1,18 @@
 """Trajectory bus throughput vs raw Redis streams on the same server.
 
     python bench/bus.py [--n 10000] [--tokens 2048] [--batch 64] [--fsync always|everysec|no]
+    python bench/bus.py --hold --n 2560 --tokens 8192   # Redis memory of an unacked window
 
 Publishes and consumes N trajectories of `--tokens` response tokens through `TrajectoryBus`
 (validation, protobuf, Lua back-pressure check, dedup, ack+delete), with producer and consumer
 running concurrently. Then, against the same redis-server, the ceiling: raw XADD pipelines and
 XREADGROUP of opaque payloads of the same byte sizes (no validation, no ack). Prints both
 rates and their ratio; the last line is key=value pairs.
+
+`--hold` measures what the trainer's unacked checkpoint window costs Redis instead: N
+trajectories published and consumed but not acked (as a trainer holds them until its next
+checkpoint), then Redis's `used_memory` and AOF size per trajectory, and the publish and
+consume rates; then everything is acked and the memory read again.
 """
 
 from __future__ import annotations
@@ -105,12 +111,53 @@ async def run_raw(url: str, payloads: list[bytes], batch: int) -> float:
     return elapsed
 
 
+async def info(url: str) -> dict[str, int]:
+    r = aioredis.Redis.from_url(url)
+    try:
+        mem, pers = await r.info("memory"), await r.info("persistence")
+    finally:
+        await r.aclose()
+    return {"used": int(mem["used_memory"]), "aof": int(pers.get("aof_current_size", 0))}
+
+
+async def run_hold(url: str, trajs: list[Trajectory], batch: int) -> dict[str, float]:
+    """Publish then consume every trajectory without acking (a trainer's checkpoint window)."""
+    cfg = BusConfig(stream="bench:hold", consumer="bench-trainer", max_backlog=len(trajs))
+    producer, consumer = TrajectoryBus.from_url(url, cfg), TrajectoryBus.from_url(url, cfg)
+    await producer.ensure_group()
+    before = await info(url)
+    start = time.perf_counter()
+    for i in range(0, len(trajs), batch):
+        await producer.publish(trajs[i : i + batch])
+    publish_s = time.perf_counter() - start
+    held = []
+    start = time.perf_counter()
+    while len(held) < len(trajs):
+        held += await consumer.consume(batch, block=1.0)
+    consume_s = time.perf_counter() - start
+    unacked = await info(url)
+    await consumer.ack(held)
+    acked = await info(url)
+    await producer.close()
+    await consumer.close()
+    n = len(trajs)
+    return {
+        "publish_per_s": n / publish_s,
+        "consume_per_s": n / consume_s,
+        "redis_bytes_per_traj": (unacked["used"] - before["used"]) / n,
+        "aof_bytes_per_traj": (unacked["aof"] - before["aof"]) / n,
+        "redis_mb_unacked": (unacked["used"] - before["used"]) / 1e6,
+        "redis_mb_after_ack": (acked["used"] - before["used"]) / 1e6,
+    }
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fsync", default="always", choices=["always", "everysec", "no"])
+    ap.add_argument("--hold", action="store_true", help="memory of N unacked trajectories")
     args = ap.parse_args()
 
     trajs = build(args.n, args.tokens)
@@ -118,6 +165,19 @@ async def main() -> None:
     mb = sum(map(len, payloads)) / 1e6
     print(f"{args.n} trajectories x {args.tokens} tokens: {mb:.1f} MB, "
           f"{mb * 1e3 / args.n:.1f} KB each; appendfsync={args.fsync}")  # fmt: skip
+    if args.hold:
+        with RedisServer(appendfsync=args.fsync) as server:
+            r = await run_hold(server.url, trajs, args.batch)
+        payload = mb * 1e6 / args.n
+        print(
+            f"held {args.n} unacked: Redis +{r['redis_mb_unacked']:.1f} MB "
+            f"({r['redis_bytes_per_traj'] / payload:.2f}x the payload), AOF "
+            f"+{r['aof_bytes_per_traj'] * args.n / 1e6:.1f} MB; after the ack "
+            f"+{r['redis_mb_after_ack']:.1f} MB; publish {r['publish_per_s']:.0f} traj/s, "
+            f"consume {r['consume_per_s']:.0f} traj/s"
+        )
+        print(" ".join(f"{k}={v:.1f}" for k, v in r.items()) + f" payload_bytes={payload:.0f}")
+        return
     with RedisServer(appendfsync=args.fsync) as server:
         raw_s = await run_raw(server.url, payloads, args.batch)
         bus_s = await run_bus(server.url, trajs, args.batch)
