@@ -101,9 +101,12 @@ class TrainerBackend(ABC):
         by the main rank before the call); returns the small rest of the state (plain data)."""
         raise NotImplementedError
 
-    def load_shards(self, directory: Path | None, state: dict[str, Any] | None) -> None:
+    def load_shards(
+        self, directory: Path | None, state: dict[str, Any] | None, *, weights_only: bool = False
+    ) -> None:
         """Inverse of `save_shards`, at this backend's layout (collective); `directory` and
-        `state` are only needed on the main rank."""
+        `state` are only needed on the main rank. `weights_only`: the weights, not the
+        optimizer's state (an export)."""
         raise NotImplementedError
 
     @abstractmethod

@@ -171,9 +171,12 @@ class CheckpointManager:
         for stale in self.root.glob(f".{PREFIX}*.tmp-*"):  # left by a crash mid-save
             shutil.rmtree(stale, ignore_errors=True)
 
-    def load(self, backend: TrainerBackend, path: Path | None = None) -> TrainerState | None:
+    def load(
+        self, backend: TrainerBackend, path: Path | None = None, *, weights_only: bool = False
+    ) -> TrainerState | None:
         """Collective; call it only when a checkpoint exists (`latest()` on the main rank).
-        Restores the backend and the RNG; returns the trainer state (None on other ranks)."""
+        Restores the backend and the RNG; returns the trainer state (None on other ranks).
+        `weights_only` (an export): a sharded checkpoint's optimizer state is left unread."""
         path = path or self.latest()
         if backend.is_main and path is None:
             raise FileNotFoundError(f"no checkpoint under {self.root}")
@@ -185,7 +188,8 @@ class CheckpointManager:
         if backend.sharded_checkpoints:
             # Every rank reads its own shards; the main rank names the directory.
             rest = None if full is None else {k: v for k, v in full.items() if k != "rng"}
-            backend.load_shards(path / SHARDS if path is not None else None, rest)
+            directory = path / SHARDS if path is not None else None
+            backend.load_shards(directory, rest, weights_only=weights_only)
         else:
             backend.load_full_state(full)
         if full is not None:

@@ -146,5 +146,5 @@ def export_hf(
     section.megatron.tp = section.megatron.pp = 1
     section.model.device = "cpu"
     backend = _backend(section, init_distributed("cpu"))
-    CheckpointManager(CheckpointConfig(dir=str(path.parent))).load(backend, path)
+    CheckpointManager(CheckpointConfig(dir=str(path.parent))).load(backend, path, weights_only=True)
     typer.echo(str(backend.export_hf(out)))

@@ -328,10 +328,12 @@ class MegatronBackend(TrainerBackend):
 
         return save_shards(self, directory)
 
-    def load_shards(self, directory: Path | None, state: dict[str, Any] | None) -> None:
+    def load_shards(
+        self, directory: Path | None, state: dict[str, Any] | None, *, weights_only: bool = False
+    ) -> None:
         from trainer.megatron.sharded import load_shards
 
-        load_shards(self, directory, state)
+        load_shards(self, directory, state, weights_only=weights_only)
 
 
 def _finalize_without_token_scaling(

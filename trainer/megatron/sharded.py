@@ -184,10 +184,15 @@ def _read(reader: ShardReader, kind: str, p: Placement, start: int, end: int) ->
 
 @torch.no_grad()
 def load_shards(
-    backend: MegatronBackend, directory: Path | None, state: dict[str, Any] | None
+    backend: MegatronBackend,
+    directory: Path | None,
+    state: dict[str, Any] | None,
+    *,
+    weights_only: bool = False,
 ) -> None:
     """Inverse of `save_shards` at this backend's layout (collective). `directory` and the
-    small `state` are read on global rank 0 and broadcast."""
+    small `state` are read on global rank 0 and broadcast. `weights_only` (an export) skips
+    Adam's moments: two thirds of the bytes, left unread."""
     mine = [str(directory), state] if dist.get_rank() == 0 else None
     box = _broadcast_json(mine, backend.device)
     directory, state = Path(box[0]), box[1]
@@ -205,6 +210,8 @@ def load_shards(
                 continue
             main = states["param"]  # fp32 (a view of the parameter itself when that is fp32)
             main.copy_(weights[start:end].view_as(main))
+            if weights_only:
+                continue
             inner = owner(backend, param).optimizer.state.setdefault(main, {})
             for k in _MOMENTS:
                 inner[k] = _read(reader, k, p, start, end).view_as(main).to(main)

@@ -74,7 +74,9 @@ class ShardedBackend(TrainerBackend):
         _write(directory, LAYOUT)
         return {"optimizer_steps": 3}
 
-    def load_shards(self, directory: Path | None, state: dict[str, Any] | None) -> None:
+    def load_shards(
+        self, directory: Path | None, state: dict[str, Any] | None, *, weights_only: bool = False
+    ) -> None:
         assert directory is not None
         with ShardReader(directory) as reader:
             out = torch.zeros(6, 7)

@@ -28,6 +28,7 @@ from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
+from trainer.megatron import sharded
 from trainer.step import train_on
 
 RECEIPTS = [Receipt("1-0", "g0-s0"), Receipt("1-1", "g0-s1")]
@@ -80,6 +81,17 @@ def main() -> None:
         mgr.save(meg, TrainerState(step=1, receipts=RECEIPTS, weight_version=1))
         del meg.full_state
         saved = meg.full_state()
+        # An export's load: the weights, and not one read of Adam's moments.
+        kinds: list[str] = []
+        read = sharded._read
+        sharded._read = lambda reader, kind, *a: kinds.append(kind) or read(reader, kind, *a)
+        weights = build()
+        mgr.load(weights, weights_only=True)
+        sharded._read = read
+        exported, trained = dict(weights.named_tensors()), dict(meg.named_tensors())
+        if rank == 0:
+            assert set(kinds) == {"param"}, set(kinds)
+            assert max_diff(exported, trained) == 0.0
         again = build()
         state = mgr.load(again)
         loaded = again.full_state()
