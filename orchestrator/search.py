@@ -6,11 +6,14 @@ policy a failure observation, records the error on the turn, flags the sample as
 infrastructure failure (left out of training by default) and counts it. Nothing becomes a
 silent empty `<information></information>` (slime's client defect).
 
-After `breaker_failures` such outcomes in a row the breaker opens: new searches wait (probing
-the retriever's /health every `breaker_probe_s`, at most `breaker_max_wait_s`) instead of
-turning a retriever outage into training data that says searching does not pay. The first
-successful probe closes it. Open/closed is a gauge, a log line each way, and the orchestrator's
-/ready.
+The breaker opens when a search's retries are exhausted and the retriever's /health fails too
+(an outage, not a bad query), or after `breaker_failures` exhausted searches in a row (a
+retriever that says it is healthy but fails searches). While it is open, searches wait (the
+retriever's /health probed every `breaker_probe_s`) instead of turning a retriever outage into
+training data that says searching does not pay; so do the searches that were in flight when it
+went down: they try again once it is back. A search waits at most `breaker_max_wait_s` in all.
+The first successful probe closes the breaker. Open/closed is a gauge, a log line each way,
+and the orchestrator's /ready.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class SearchTool:
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._outage_logged = False
         self._failures_in_a_row = 0
+        self._down = False  # the open breaker's cause is a failing /health (an outage)
         self._closed = asyncio.Event()  # set: the breaker is closed (searches go through)
         self._closed.set()
         self._prober: asyncio.Task[None] | None = None
@@ -78,41 +82,50 @@ class SearchTool:
             self._failures_in_a_row = 0
             return
         self._failures_in_a_row += 1
-        if self._failures_in_a_row >= self.cfg.breaker_failures and not self.breaker_open:
-            self._closed.clear()
-            metrics.RETRIEVER_BREAKER_OPEN.set(1)
-            log.warning(
-                "retriever circuit breaker open: new searches wait for the retriever",
-                extra={"failures_in_a_row": self._failures_in_a_row},
-            )
-            self._prober = asyncio.create_task(self._probe_until_healthy())
+        if self._failures_in_a_row >= self.cfg.breaker_failures:
+            self._open(f"{self._failures_in_a_row} searches failed in a row", down=False)
+
+    def _open(self, reason: str, *, down: bool) -> None:
+        self._down = self._down or down
+        if self.breaker_open:
+            return
+        self._closed.clear()
+        metrics.RETRIEVER_BREAKER_OPEN.set(1)
+        log.warning(
+            "retriever circuit breaker open: searches wait for the retriever",
+            extra={"reason": reason},
+        )
+        self._prober = asyncio.create_task(self._probe_until_healthy())
+
+    async def _healthy(self) -> bool:
+        try:
+            async with asyncio.timeout(self.cfg.timeout_s):
+                return await self.client.health()
+        except Exception:
+            return False
 
     async def _probe_until_healthy(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.breaker_probe_s)
-            try:
-                healthy = await self.client.health()
-            except Exception:
-                healthy = False
-            if healthy:
+            if await self._healthy():
                 break
         self._failures_in_a_row = 0
+        self._down = False
         self._closed.set()
         metrics.RETRIEVER_BREAKER_OPEN.set(0)
         log.info("retriever circuit breaker closed: the retriever answers again")
 
-    async def search(self, query: str) -> SearchOutcome:
-        start = time.perf_counter()
-        outcome = SearchOutcome()
-        if self.breaker_open:
-            try:
-                async with asyncio.timeout(self.cfg.breaker_max_wait_s):
-                    await self._closed.wait()
-            except TimeoutError:
-                outcome.error = f"retriever down for more than {self.cfg.breaker_max_wait_s}s"
-                metrics.SEARCH_FAILURES.labels("CircuitOpen").inc()
-                outcome.latency_s = time.perf_counter() - start
-                return outcome
+    async def _wait_closed(self, deadline: float) -> bool:
+        """Wait for the breaker to close until `deadline` (monotonic); False if it did not."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._closed.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def _attempts(self, query: str, outcome: SearchOutcome) -> Exception | None:
+        """One search with its retries; the error that exhausted them, or None."""
 
         def before_sleep(state: RetryCallState) -> None:
             metrics.SEARCH_RETRIES.inc()
@@ -135,21 +148,53 @@ class SearchTool:
                         async with asyncio.timeout(self.cfg.timeout_s):
                             result = await self.client.search([query], self.cfg.topk)
                     outcome.docs = result[0]
-            self._outage_logged = False
-            self._record(failed=False)
         except Exception as e:
-            # A bad request (4xx) is the query's fault, not an outage.
-            self._record(failed=_is_retryable(e))
-            outcome.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            if isinstance(e, TimeoutError):
-                outcome.error = f"timed out after {self.cfg.timeout_s}s"
-            metrics.SEARCH_FAILURES.labels(type(e).__name__).inc()
-            if not self._outage_logged:  # once per outage, not once per sample
-                self._outage_logged = True
-                log.warning(
-                    "search failed after retries",
-                    extra={"attempts": outcome.attempts, "error": outcome.error},
-                )
+            return e
+        return None
+
+    async def search(self, query: str) -> SearchOutcome:
+        start = time.perf_counter()
+        outcome = SearchOutcome()
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None  # set when this search first waits for the breaker
+        while True:
+            if self.breaker_open:
+                deadline = deadline or loop.time() + self.cfg.breaker_max_wait_s
+                if not await self._wait_closed(deadline):
+                    outcome.error = f"retriever down for more than {self.cfg.breaker_max_wait_s}s"
+                    metrics.SEARCH_FAILURES.labels("CircuitOpen").inc()
+                    break
+            error = await self._attempts(query, outcome)
+            if error is None:
+                self._outage_logged = False
+                self._record(failed=False)
+                break
+            if not _is_retryable(error):  # a bad request (4xx) is the query's fault
+                self._fail(outcome, error)
+                break
+            # Exhausted retries: an outage if /health fails too. Then this search waits for
+            # the retriever like a new one instead of becoming a failure observation.
+            down = self._down or not await self._healthy()
+            if down:
+                self._open("a search's retries ran out and /health fails", down=True)
+            self._record(failed=True)
+            if not down or (deadline is not None and loop.time() >= deadline):
+                self._fail(outcome, error)
+                break
+            metrics.SEARCH_RETRIES.inc()
         outcome.latency_s = time.perf_counter() - start
         metrics.SEARCH_LATENCY.observe(outcome.latency_s)
         return outcome
+
+    def _fail(self, outcome: SearchOutcome, e: Exception) -> None:
+        outcome.docs = []
+        outcome.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if isinstance(e, TimeoutError):
+            outcome.error = f"timed out after {self.cfg.timeout_s}s"
+        metrics.SEARCH_FAILURES.labels(type(e).__name__).inc()
+        if not self._outage_logged:  # once per outage, not once per sample
+            self._outage_logged = True
+            log.warning(
+                "search failed after retries",
+                extra={"attempts": outcome.attempts, "error": outcome.error},
+            )
