@@ -3,22 +3,24 @@
 `acquire()` takes the key with `SET NX PX` (waiting up to `wait_s` for a holder that died to
 expire) and `keep()` renews it every third of its TTL with a compare-and-extend script, so a
 holder that lost it (paused past the TTL, partitioned) finds out at its next renewal instead of
-extending someone else's lease. The token is random per holder; `holder` (host, pid) is stored
-beside it for the error message of whoever is refused.
+extending someone else's lease. A renewal that meets a Redis blip is retried at once through
+the shared policy (`searchr1.redis_retry`), until the lease would have expired: waiting a third
+of the TTL between tries, two Redis restarts in a row cost the trainer its lease (bench/chaos.py).
+The token is random per holder; `holder` (host, pid) is stored beside it for the
+error message of whoever is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import secrets
 import socket
 import time
 from typing import Any
 
-log = logging.getLogger(__name__)
+from searchr1.redis_retry import RedisRetry, RedisUnavailable
 
 # Extend only if we still hold it: a lease that expired and was taken by another holder must
 # not be extended (or deleted) by the old one.
@@ -51,6 +53,7 @@ class RedisLease:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be > 0")
         self.redis, self.key, self.ttl_s = redis, key, ttl_s
+        self._retry = RedisRetry("lease", ttl_s)
         self.token = secrets.token_hex(16)
         self.value = json.dumps(
             {"token": self.token, "host": socket.gethostname(), "pid": os.getpid()}
@@ -77,20 +80,20 @@ class RedisLease:
 
     async def keep(self) -> None:
         """Renew until cancelled; raises LeaseLost once the lease is someone else's (or gone).
-        A failed renewal call (Redis blip) is retried until the TTL would have run out."""
-        last = time.monotonic()
+        A renewal call that fails on a Redis blip is retried until the TTL would have run out
+        (counted from the send of the last renewal that held: its extension started no later)."""
+        held_since = time.monotonic()
         while True:
             await asyncio.sleep(self.ttl_s / 3)
+            sent = time.monotonic()
+            left = held_since + self.ttl_s - sent
             try:
-                ok = await self.renew()
-            except Exception as e:
-                if time.monotonic() - last < self.ttl_s:
-                    log.warning("lease renewal failed; retrying", extra={"error": repr(e)})
-                    continue
-                raise LeaseLost(f"{self.key}: not renewed for {self.ttl_s}s ({e!r})") from e
+                ok = await self._retry.call("renew", self.renew, deadline_s=max(left, 0.001))
+            except RedisUnavailable as e:
+                raise LeaseLost(f"{self.key}: not renewed for {self.ttl_s}s ({e})") from e
             if not ok:
                 raise LeaseLost(f"{self.key}: taken over or expired")
-            last = time.monotonic()
+            held_since = sent
 
     async def release(self) -> None:
         await self.redis.eval(_RELEASE, 1, self.key, self.token)

@@ -1,5 +1,5 @@
 """One retry policy for every Redis call of the stack: the bus, the orchestrator's resume state,
-the trainer (through the bus).
+the trainer (through the bus), the trainer's lease.
 
 A call that fails because Redis is unreachable (connection refused or reset, timeout, the
 server still loading its AOF after a restart) is retried with exponential backoff and jitter
@@ -88,8 +88,12 @@ class RedisRetry:
         self.error = error
         self._outage_since: float | None = None
 
-    async def call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """`await fn()`, retried while Redis is unreachable, for at most `deadline_s`."""
+    async def call(
+        self, op: str, fn: Callable[[], Awaitable[T]], *, deadline_s: float | None = None
+    ) -> T:
+        """`await fn()`, retried while Redis is unreachable, for at most `deadline_s` (this
+        call's own, e.g. what is left of a lease; the policy's by default)."""
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
 
         def before_sleep(state: RetryCallState) -> None:
             RETRIES.labels(self.component, op).inc()
@@ -102,7 +106,7 @@ class RedisRetry:
                         "component": self.component,
                         "op": op,
                         "error": repr(exc),
-                        "deadline_s": self.deadline_s,
+                        "deadline_s": deadline_s,
                     },
                 )
 
@@ -112,7 +116,7 @@ class RedisRetry:
                 multiplier=self.initial_wait_s, max=self.max_wait_s, jitter=self.initial_wait_s
             ),
             # Stops before a wait that would end past the deadline: the total stays bounded.
-            stop=stop_before_delay(self.deadline_s),
+            stop=stop_before_delay(deadline_s),
             before_sleep=before_sleep,
             reraise=True,
         )
@@ -123,7 +127,7 @@ class RedisRetry:
         except RETRYABLE as e:
             self._outage_since = None  # the next outage is logged again
             raise self.error(
-                f"redis unreachable for {self.deadline_s}s during {self.component}.{op}: {e!r}"
+                f"redis unreachable for {deadline_s}s during {self.component}.{op}: {e!r}"
             ) from e
         if self._outage_since is not None:
             log.warning(

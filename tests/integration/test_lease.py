@@ -62,3 +62,39 @@ async def test_acks_are_fenced_by_the_lease_token(redis_server) -> None:  # type
     finally:
         await publisher.close()
         await old.close()
+
+
+async def test_the_lease_outlives_redis_restarts_between_renewals(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """bench/chaos.py: Redis killed twice within one TTL, and each time a renewal fell in the
+    second it was down. A failed renewal was tried again only a third of the TTL later: the
+    lease expired and the trainer stopped. Now a renewal retries at once."""
+    from searchr1.redis_retry import connect
+
+    restarts: list[asyncio.Task[None]] = []
+
+    async def start_later() -> None:
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(redis_server.start)
+
+    class Blips(RedisLease):
+        renewals = 0
+
+        async def renew(self) -> bool:
+            self.renewals += 1
+            if self.renewals <= 2:  # Redis crashes now and is back 0.3 s later
+                redis_server.stop(kill=True)
+                restarts.append(asyncio.create_task(start_later()))
+            return await super().renew()
+
+    r = connect(redis_server.url)
+    try:
+        lease = Blips(r, "run:lease", ttl_s=1.5)
+        await lease.acquire()
+        keeper = asyncio.create_task(lease.keep())
+        await asyncio.sleep(3 * lease.ttl_s)
+        await asyncio.gather(*restarts)
+        assert not keeper.done(), keeper.exception()
+        assert lease.renewals > 4 and await lease.renew()  # still ours
+        keeper.cancel()
+    finally:
+        await r.aclose()
