@@ -220,6 +220,11 @@ class WeightSender:
                 if not finished:
                     group, self._group = self._group, None
                     abandon_weight_group(group)
+                    # The stuck collective and the other engines' calls end later, failing:
+                    # expected, and nobody waits for them any more.
+                    send.cancel()
+                    for call in pending:
+                        call.add_done_callback(_observe)
                     raise InferenceBadRequest(
                         f"an engine refused the update before receiving it "
                         f"({refused[0].exception()}); the weight group is closed, reconnect"
@@ -383,6 +388,12 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
 
     threading.Thread(target=run, name="weight-collective", daemon=True).start()
     return fut
+
+
+def _observe(fut: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a future given up on, so asyncio does not report it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

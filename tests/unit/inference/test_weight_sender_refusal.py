@@ -1,0 +1,50 @@
+"""A push given up on (an engine refused before receiving) leaves nothing unobserved behind:
+the abandoned broadcast and the other engines' calls may fail later, after the sender raised.
+bench/chaos.py logged such a failure as asyncio's "Future exception was never retrieved" (an
+ERROR with a traceback, for an error the sender had already handled)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+
+import pytest
+import torch
+
+from inference.client import InferenceBadRequest, InferenceUnavailable
+from inference.weight_sync import WeightSender
+from searchr1.redis_server import free_port
+
+
+async def test_what_fails_after_a_refused_push_is_not_an_unretrieved_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sender = WeightSender(["http://127.0.0.1:9"], master_port=free_port())
+    sender.refusal_grace_s = 0.05
+    peer_gone = threading.Event()
+
+    def broadcast(tensors: list[torch.Tensor]) -> None:  # the collective, stuck until ...
+        peer_gone.wait(5)
+        raise RuntimeError("Connection closed by peer")  # ... the engine's side closes
+
+    sender._broadcast = broadcast  # type: ignore[method-assign]
+    sender._group = object()  # abandoned on refusal
+
+    async def refuse() -> None:
+        raise InferenceBadRequest("HTTP 503: refused")
+
+    async def fail_later() -> None:  # another engine's call, still running
+        await asyncio.sleep(0.2)
+        raise InferenceUnavailable("HTTP 502")
+
+    calls = [asyncio.create_task(refuse()), asyncio.create_task(fail_later())]
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(InferenceBadRequest, match="reconnect"):
+            await sender._broadcast_watching([], calls)
+        peer_gone.set()
+        await asyncio.sleep(0.5)
+        del calls
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
