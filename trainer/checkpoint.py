@@ -32,6 +32,7 @@ import torch
 from searchr1.bus import Receipt
 from trainer.backend import TrainerBackend
 from trainer.config import CheckpointConfig
+from trainer.shards import fsync
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_file(path: Path, data: bytes) -> None:
@@ -146,14 +139,14 @@ class CheckpointManager:
         with open(tmp / "state.pt", "rb+") as f:
             os.fsync(f.fileno())
         _write_file(tmp / "trainer.json", json.dumps(state.to_json()).encode())
-        _fsync_dir(tmp)
+        fsync(tmp)
         if final.exists():  # a re-run of the same step after a resume: replace it
             shutil.rmtree(final)
         tmp.rename(final)
         pointer_tmp = self.root / f".{LATEST}.tmp-{os.getpid()}"
         _write_file(pointer_tmp, final.name.encode())
         os.replace(pointer_tmp, self.root / LATEST)
-        _fsync_dir(self.root)
+        fsync(self.root)
         self._prune(keep=final)
         log.info("checkpoint saved", extra={"step": state.step, "path": str(final)})
         return final

@@ -47,7 +47,8 @@ def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.safetensors"
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable once its directory is)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -74,7 +75,7 @@ def write_rank(
     meta = {"format": FORMAT, "blocks": json.dumps(placed), "shapes": json.dumps(shapes)}
     path = directory / rank_file(rank)
     save_file(tensors, str(path), metadata=meta)
-    _fsync(path)
+    fsync(path)
     return path
 
 
@@ -83,8 +84,8 @@ def write_index(directory: Path, world_size: int, extra: dict[str, Any] | None =
     index = {"format": FORMAT, "files": [rank_file(r) for r in range(world_size)]}
     path = directory / INDEX
     path.write_text(json.dumps({**index, **(extra or {})}))
-    _fsync(path)
-    _fsync(directory)
+    fsync(path)
+    fsync(directory)
 
 
 class ShardReader:

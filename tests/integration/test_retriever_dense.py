@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from protos import retriever_pb2, retriever_pb2_grpc
-from retriever.build import BuildConfig, build_index
 from retriever.client import RetrieverBadRequest, RetrieverClient, RetrieverUnavailable
 from retriever.encoder import Encoder, EncoderSpec
 from retriever.manifest import read_manifest
@@ -25,10 +24,7 @@ ROWS = 150
 
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dense")
-    corpus = synthetic.write_corpus(d / "corpus.jsonl", ROWS, words=20)
-    build_index(corpus, d / "index", BuildConfig(max_length=48, progress=False))
-    return d / "index"
+    return synthetic.dense_index(tmp_path_factory.mktemp("dense"), ROWS)
 
 
 @pytest.fixture(scope="module")

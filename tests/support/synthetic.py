@@ -147,3 +147,12 @@ def queries(n: int, *, corpus_rows: int, corpus_seed: int = 0, seed: int = 1) ->
         )
         for _ in range(n)
     ]
+
+
+def dense_index(directory: Path, rows: int) -> Path:
+    """A small dense (MiniLM) index of `rows` synthetic passages under `directory`."""
+    from retriever.build import BuildConfig, build_index
+
+    corpus = write_corpus(directory / "corpus.jsonl", rows, words=20)
+    build_index(corpus, directory / "index", BuildConfig(max_length=48, progress=False))
+    return directory / "index"
