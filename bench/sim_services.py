@@ -152,6 +152,7 @@ def retriever_app(args: argparse.Namespace) -> Starlette:
         routes=[
             Route("/retrieve", retrieve, methods=["POST"]),
             Route("/health", health),
+            Route("/ready", health),
             Route("/stats", stats_route),
         ]
     )

@@ -6,10 +6,11 @@ policy a failure observation, records the error on the turn, flags the sample as
 infrastructure failure (left out of training by default) and counts it. Nothing becomes a
 silent empty `<information></information>` (slime's client defect).
 
-The breaker opens when a search's retries are exhausted and the retriever's /health fails too
-(an outage, not a bad query), or after `breaker_failures` exhausted searches in a row (a
-retriever that says it is healthy but fails searches). While it is open, searches wait (the
-retriever's /health probed every `breaker_probe_s`) instead of turning a retriever outage into
+The breaker opens when a search's retries are exhausted and the retriever's /ready fails too
+(an outage, or a restarted retriever still loading its index, whose /health answers at once;
+not a bad query), or after `breaker_failures` exhausted searches in a row (a retriever that
+says it is ready but fails searches). While it is open, searches wait (the retriever's /ready
+probed every `breaker_probe_s`) instead of turning a retriever outage into
 training data that says searching does not pay; so do the searches that were in flight when it
 went down: they try again once it is back. A search waits at most `breaker_max_wait_s` in all.
 The first successful probe closes the breaker. Open/closed is a gauge, a log line each way,
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 class SearchClient(Protocol):
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[Any]]: ...
 
-    async def health(self) -> bool: ...
+    async def ready(self) -> bool: ...
 
 
 @dataclass
@@ -68,7 +69,7 @@ class SearchTool:
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._outage_logged = False
         self._failures_in_a_row = 0
-        self._down = False  # the open breaker's cause is a failing /health (an outage)
+        self._down = False  # the open breaker's cause is a failing /ready (an outage)
         self._closed = asyncio.Event()  # set: the breaker is closed (searches go through)
         self._closed.set()
         self._prober: asyncio.Task[None] | None = None
@@ -95,19 +96,19 @@ class SearchTool:
             "retriever circuit breaker open: searches wait for the retriever",
             extra={"reason": reason},
         )
-        self._prober = asyncio.create_task(self._probe_until_healthy())
+        self._prober = asyncio.create_task(self._probe_until_ready())
 
-    async def _healthy(self) -> bool:
+    async def _ready(self) -> bool:
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
-                return await self.client.health()
+                return await self.client.ready()
         except Exception:
             return False
 
-    async def _probe_until_healthy(self) -> None:
+    async def _probe_until_ready(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.breaker_probe_s)
-            if await self._healthy():
+            if await self._ready():
                 break
         self._failures_in_a_row = 0
         self._down = False
@@ -157,11 +158,15 @@ class SearchTool:
         outcome = SearchOutcome()
         loop = asyncio.get_running_loop()
         deadline: float | None = None  # set when this search first waits for the breaker
+        error: Exception | None = None
         while True:
             if self.breaker_open:
                 deadline = deadline or loop.time() + self.cfg.breaker_max_wait_s
                 if not await self._wait_closed(deadline):
+                    outcome.docs = []
                     outcome.error = f"retriever down for more than {self.cfg.breaker_max_wait_s}s"
+                    if error is not None:
+                        outcome.error += f" ({self._describe(error)})"
                     metrics.SEARCH_FAILURES.labels("CircuitOpen").inc()
                     break
             error = await self._attempts(query, outcome)
@@ -172,11 +177,11 @@ class SearchTool:
             if not _is_retryable(error):  # a bad request (4xx) is the query's fault
                 self._fail(outcome, error)
                 break
-            # Exhausted retries: an outage if /health fails too. Then this search waits for
+            # Exhausted retries: an outage if /ready fails too. Then this search waits for
             # the retriever like a new one instead of becoming a failure observation.
-            down = self._down or not await self._healthy()
+            down = self._down or not await self._ready()
             if down:
-                self._open("a search's retries ran out and /health fails", down=True)
+                self._open("a search's retries ran out and /ready fails", down=True)
             self._record(failed=True)
             if not down or (deadline is not None and loop.time() >= deadline):
                 self._fail(outcome, error)
@@ -186,11 +191,14 @@ class SearchTool:
         metrics.SEARCH_LATENCY.observe(outcome.latency_s)
         return outcome
 
+    def _describe(self, e: Exception) -> str:
+        if isinstance(e, TimeoutError):
+            return f"timed out after {self.cfg.timeout_s}s"
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
     def _fail(self, outcome: SearchOutcome, e: Exception) -> None:
         outcome.docs = []
-        outcome.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        if isinstance(e, TimeoutError):
-            outcome.error = f"timed out after {self.cfg.timeout_s}s"
+        outcome.error = self._describe(e)
         metrics.SEARCH_FAILURES.labels(type(e).__name__).inc()
         if not self._outage_logged:  # once per outage, not once per sample
             self._outage_logged = True

@@ -28,8 +28,8 @@ def create_app(
         return f"weight_version {info['weight_version']}"
 
     async def retriever_ready() -> str:
-        if not await clients.retriever.health():
-            raise RuntimeError("retriever /health failed")
+        if not await clients.retriever.ready():
+            raise RuntimeError("retriever /ready failed")
         return "ok"
 
     async def redis_ready() -> str:

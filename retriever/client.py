@@ -109,6 +109,14 @@ class RetrieverClient:
             return False
         return resp.status == 200
 
+    async def ready(self) -> bool:
+        """The index is loaded and searches are answered (`/health` answers before that)."""
+        try:
+            resp = await self._send("GET", "/ready")
+        except httpx.HTTPError:
+            return False
+        return resp.status == 200
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

@@ -202,14 +202,20 @@ async def test_group_sizes(stack: Stack) -> None:
 
 
 async def test_retriever_that_stays_down(stack: Stack) -> None:
-    before = metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get()
+    """The search waits for the retriever (its /ready fails too) up to breaker_max_wait_s,
+    then fails with the wait and the last error."""
+    before = metrics.SEARCH_FAILURES.labels("CircuitOpen")._value.get()
     dead = f"http://127.0.0.1:{free_port()}"
-    search = {"max_attempts": 3, "backoff_initial_s": 0.01, "backoff_max_s": 0.02}
+    search = {
+        "max_attempts": 3, "backoff_initial_s": 0.01, "backoff_max_s": 0.02,
+        "breaker_probe_s": 0.1, "breaker_max_wait_s": 0.5,
+    }  # fmt: skip
     [s] = await run_one(rollout_for(stack, retriever_url=dead, search=search), stack.prompts[0])
     assert s.turns[0].action == "search" and s.turns[0].tool_attempts == 3
-    assert s.turns[0].error.startswith("RetrieverUnavailable")
-    assert "<information>Search failed: RetrieverUnavailable" in s.response_text
-    assert metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get() == before + 1
+    assert s.turns[0].error.startswith("retriever down for more than 0.5s (RetrieverUnavailable")
+    assert "<information>Search failed: retriever down for more than 0.5s" in s.response_text
+    assert s.infrastructure_failure
+    assert metrics.SEARCH_FAILURES.labels("CircuitOpen")._value.get() == before + 1
     check_alignment(stack.tokenizer, s)
 
 

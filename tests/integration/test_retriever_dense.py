@@ -208,7 +208,7 @@ async def test_grpc_and_http_agree(server):
 async def test_client_contract(server, brute):
     client = RetrieverClient(server.url)
     try:
-        assert await client.health()
+        assert await client.health() and await client.ready()
         hits = await client.search(QUERIES[:2], topk=2)
         ids, scores = brute(QUERIES[:2], 2)
         assert [[h.id for h in row] for row in hits] == [[str(i) for i in r] for r in ids]
@@ -220,7 +220,7 @@ async def test_client_contract(server, brute):
         await client.aclose()
     dead = RetrieverClient(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     try:
-        assert not await dead.health()
+        assert not await dead.health() and not await dead.ready()
         with pytest.raises(RetrieverUnavailable):
             await dead.search(["q"])
     finally:

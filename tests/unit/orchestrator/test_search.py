@@ -20,7 +20,7 @@ HIT = SearchHit("1", '"T"\nbody', 1.0)
 
 class Flaky:
     """Fails `failures` times with `exc`, then answers; or sleeps `delay` per call. Its
-    /health is fine throughout (a retriever that is up but fails searches)."""
+    /ready is fine throughout (a retriever that is up but fails searches)."""
 
     def __init__(self, failures: int, exc: Exception | None = None, delay: float = 0.0) -> None:
         self.failures, self.exc, self.delay = failures, exc, delay
@@ -39,7 +39,7 @@ class Flaky:
         finally:
             self.in_flight -= 1
 
-    async def health(self) -> bool:
+    async def ready(self) -> bool:
         return True
 
 
@@ -98,26 +98,32 @@ async def test_failure_observation_reaches_policy_and_turn(tokenizer) -> None:  
 
 
 class Outage(Flaky):
-    """Down (every search fails, /health false) until `up()`."""
+    """Down (every search fails, /ready false) until `up()`; its /health answers throughout,
+    as a restarted retriever's does while it loads its index."""
 
     def __init__(self) -> None:
         super().__init__(failures=10**9)
-        self.healthy = False
-        self.health_calls = 0
+        self.loaded = False
+        self.ready_calls = 0
 
     def up(self) -> None:
-        self.failures, self.healthy = self.calls, True
+        self.failures, self.loaded = self.calls, True
 
     async def health(self) -> bool:
-        self.health_calls += 1
-        return self.healthy
+        return True
+
+    async def ready(self) -> bool:
+        self.ready_calls += 1
+        return self.loaded
 
 
 async def test_an_outage_opens_the_breaker_and_searches_wait_for_the_retriever() -> None:
     """A retriever outage used to become training data: every sample got a failure
     observation. Then searches in flight when it went down still failed (bench/chaos.py: a
     30 s outage cost 30 of a step's 32 samples, flagged and left out of the loss). Now every
-    search, in flight or new, waits for the retriever and tries again once it is back."""
+    search, in flight or new, waits for the retriever and tries again once it is back: when
+    its /ready answers, not its /health (a restarted retriever loads its index after its port
+    opens; closed on /health, the breaker let searches fail again)."""
     client = Outage()
     tool = SearchTool(
         client, SearchConfig(max_attempts=2, breaker_failures=3, breaker_probe_s=0.01, **FAST)
@@ -136,8 +142,8 @@ async def test_an_outage_opens_the_breaker_and_searches_wait_for_the_retriever()
     assert not tool.breaker_open and metrics.RETRIEVER_BREAKER_OPEN._value.get() == 0
 
 
-async def test_searches_failing_on_a_healthy_retriever_fail_and_open_the_breaker() -> None:
-    """/health fine but every search fails: the searches fail (no endless wait), and
+async def test_searches_failing_on_a_ready_retriever_fail_and_open_the_breaker() -> None:
+    """/ready fine but every search fails: the searches fail (no endless wait), and
     `breaker_failures` of them in a row still open the breaker."""
     tool = SearchTool(
         Flaky(10**9), SearchConfig(max_attempts=1, breaker_failures=2, breaker_probe_s=5, **FAST)
@@ -157,7 +163,7 @@ async def test_a_search_waits_at_most_breaker_max_wait_s() -> None:
         ),
     )  # fmt: skip
     out = await tool.search("q")
-    assert "retriever down for more than 0.2s" in out.error and client.health_calls > 0
+    assert "retriever down for more than 0.2s" in out.error and client.ready_calls > 0
     assert 0.2 <= out.latency_s < 2
 
 
