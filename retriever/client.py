@@ -103,16 +103,16 @@ class RetrieverClient:
         return hits
 
     async def health(self) -> bool:
-        try:
-            resp = await self._send("GET", "/health")
-        except httpx.HTTPError:
-            return False
-        return resp.status == 200
+        """The server is up (it answers before its index is loaded)."""
+        return await self._answers_ok("/health")
 
     async def ready(self) -> bool:
-        """The index is loaded and searches are answered (`/health` answers before that)."""
+        """The index is loaded and searches are answered."""
+        return await self._answers_ok("/ready")
+
+    async def _answers_ok(self, path: str) -> bool:
         try:
-            resp = await self._send("GET", "/ready")
+            resp = await self._send("GET", path)
         except httpx.HTTPError:
             return False
         return resp.status == 200
