@@ -136,8 +136,7 @@ class CheckpointManager:
             return None
         full["rng"] = rng_state()
         torch.save(full, tmp / "state.pt")
-        with open(tmp / "state.pt", "rb+") as f:
-            os.fsync(f.fileno())
+        fsync(tmp / "state.pt")
         _write_file(tmp / "trainer.json", json.dumps(state.to_json()).encode())
         fsync(tmp)
         if final.exists():  # a re-run of the same step after a resume: replace it
