@@ -4,7 +4,8 @@ Megatron's local `DotProductAttention` has no packed (THD) path: a packed row ne
 `[1, 1, L, L]` block-diagonal mask and scores over the whole row, O(L^2) in time and memory
 (at 8,192 tokens per row, 1 GB of scores per layer on a 128-wide model, a demo step of 187 s).
 `SegmentAttention` runs `scaled_dot_product_attention(is_causal=True)` on each sequence
-instead, as the HF backend's `varlen` does (`trainer/attention.py`): O(sum of L_i^2).
+instead, as the HF backend's `varlen` does (`trainer/attention.py`): O(sum of L_i^2), on the
+flash kernel on CUDA (`shape_free_sdpa`: no per-shape planning for each new length).
 
 The model's `attention_mask` argument carries the sequence lengths
 (`trainer.megatron.parallel.segment_lengths`), a small
@@ -20,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from trainer.attention import shape_free_sdpa
 
 
 class SegmentAttention(DotProductAttention):
@@ -49,7 +52,7 @@ class SegmentAttention(DotProductAttention):
         p = self.attention_dropout.p if self.training else 0.0
         # Dropout draws from the model-parallel RNG, as Megatron's own attention does.
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if p > 0 else contextlib.nullcontext()
-        with rng:
+        with rng, shape_free_sdpa(q.device):
             context = self._attend(q, k, v, attention_mask, p)
         return context.permute(2, 0, 1, 3).reshape(sq, b, heads * dim)
 

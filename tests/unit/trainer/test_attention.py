@@ -81,3 +81,19 @@ def test_loading_a_softcapped_model_names_the_field(tmp_path) -> None:  # type: 
     cfg = TrainerConfig(model=ModelConfig(path=str(tmp_path)))
     with pytest.raises(ValueError, match=r"attn_logit_softcapping=50"):
         HFBackend(load_hf_model(cfg), cfg, CPU)
+
+
+def test_cuda_attention_stays_off_the_per_shape_cudnn_kernel() -> None:
+    """On CUDA the per-sequence attention keeps PyTorch off cuDNN attention, which plans per
+    shape: on an H100 every new sequence length cost ~25 ms (a Qwen2.5-3B step 80 s, not 35).
+    The backend flags are global, so this holds on a machine without a GPU too."""
+    from trainer.attention import shape_free_sdpa
+
+    cudnn_before = torch.backends.cuda.cudnn_sdp_enabled()
+    with shape_free_sdpa(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()  # fp32 has no flash kernel
+    assert torch.backends.cuda.cudnn_sdp_enabled() == cudnn_before
+    with shape_free_sdpa(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == cudnn_before

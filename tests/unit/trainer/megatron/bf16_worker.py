@@ -4,6 +4,8 @@ holding the fp32 main parameters, and a bit-identical resume, from the full stat
 distributed checkpoint (every DP rank writes its own range of the fp32 main parameters).
 
     torchrun --nproc-per-node N bf16_worker.py TP CKPT_DIR
+
+The device comes from `SEARCHR1_TEST_DEVICE` (cpu; tests/gpu runs it on CUDA).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from tests.unit.trainer.conftest import make_batch
-from tests.unit.trainer.megatron.worker import hf_reference, tiny
+from tests.unit.trainer.megatron.worker import DEVICE, hf_reference, tiny
 from trainer.backend import Policy
 from trainer.batching import build_microbatch, sequence_from_trajectory
 from trainer.checkpoint import CheckpointManager, TrainerState
@@ -29,7 +31,7 @@ from trainer.step import train_on
 
 def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    info = DistInfo(rank, world, rank, torch.device("cpu"))
+    info = DistInfo(rank, world, rank, DEVICE)
     cfg = TrainerConfig(
         backend="megatron",
         megatron={"tp": int(sys.argv[1])},
@@ -49,7 +51,7 @@ def main() -> None:
     seqs = [sequence_from_trajectory(t)[0] for t in trajs]
     got = meg.logprobs([build_microbatch(seqs, [0, 1, 2], packed=True)], Policy.CURRENT)[0]
     want, _ = hf_reference(tiny(False), seqs)
-    diff = float((got - torch.cat(want[:3])).abs().max())
+    diff = float((got.cpu() - torch.cat(want[:3])).abs().max())
     assert diff < 2e-2, diff  # bf16 weights and activations against fp32
     train_on(trajs, meg, cfg)
     state = meg.full_state()

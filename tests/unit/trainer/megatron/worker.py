@@ -6,6 +6,10 @@ same tiny random Qwen2 (seeded), an HF backend alone (world size 1) as the refer
 Megatron backend over all ranks; a failed check raises (non-zero exit). Rank 0 writes the
 measured differences as JSON to argv[-1].
 
+The device and dtype come from `SEARCHR1_TEST_DEVICE` (cpu) and `SEARCHR1_TEST_DTYPE`
+(float32), the tolerance of the checked differences from `SEARCHR1_TEST_TOL` (1e-5): the GPU
+tests (tests/gpu) run the same checks on CUDA, in fp32 and in bf16.
+
     torchrun --nproc-per-node N worker.py TP PP TIED OUT.json
 
 With one rank it also checks that `gradient_checkpointing` changes no gradient (`recompute`).
@@ -30,7 +34,9 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.dist import DistInfo  # noqa: E402
 from trainer.losses import LossTerms  # noqa: E402
 
-TOL = 1e-5
+DEVICE = torch.device(os.environ.get("SEARCHR1_TEST_DEVICE", "cpu"))
+DTYPE = os.environ.get("SEARCHR1_TEST_DTYPE", "float32")
+TOL = float(os.environ.get("SEARCHR1_TEST_TOL", "1e-5"))
 # The keys of differences that must stay within TOL (the rest are values, for the report).
 CHECKED = ("gather", "logprobs_", "entropy", "metric_", "weights", "resume")
 
@@ -38,13 +44,15 @@ CHECKED = ("gather", "logprobs_", "entropy", "metric_", "weights", "resume")
 def hf_reference(model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # type: ignore[no-untyped-def]
     """Per sequence, one at a time: log_softmax(logits / T)[target] and the entropy."""
     lps, ents = [], []
+    dev = next(model.parameters()).device
     with torch.no_grad():
         for s in seqs:
-            logits = model(torch.tensor([s.input_ids])).logits[0].float() / s.temperature
+            ids = torch.tensor([s.input_ids], device=dev)
+            logits = model(ids).logits[0].float() / s.temperature
             rows = logits[s.prompt_len - 1 : s.length - 1]
             logp = torch.log_softmax(rows, -1)
-            lps.append(logp.gather(-1, torch.tensor(s.input_ids[s.prompt_len :])[:, None])[:, 0])
-            ents.append(-(logp.exp() * logp).sum(-1))
+            lps.append(logp.gather(-1, ids[0, s.prompt_len :, None])[:, 0].cpu())
+            ents.append(-(logp.exp() * logp).sum(-1).cpu())
     return lps, ents
 
 
@@ -60,10 +68,10 @@ def recompute() -> None:
         cfg = TrainerConfig(
             backend="megatron",
             loss={"kl_coef": 0.0},
-            model={"gradient_checkpointing": checkpointing},
+            model={"gradient_checkpointing": checkpointing, "dtype": DTYPE},
         )
         state = {k: v.clone() for k, v in hf.state_dict().items()}
-        meg = MegatronBackend(state, hf.config, cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+        meg = MegatronBackend(state, hf.config, cfg, DistInfo(0, 1, 0, DEVICE))
         meg.forward_backward(
             [mb], lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
         )
@@ -81,21 +89,21 @@ def main() -> None:
     cfg = TrainerConfig(
         backend="megatron",
         megatron={"tp": tp, "pp": pp},
+        model={"dtype": DTYPE},
         optim={"lr": 1e-3, "grad_clip": 1.0},
         loss={"kl_coef": 0.01, "entropy_coef": 0.01},
         batch={"max_tokens_per_microbatch": 48},
     )
     hf = tiny(tied)
-    cpu = torch.device("cpu")
     meg = MegatronBackend(
         {k: v.clone() for k, v in hf.state_dict().items()},
         hf.config,
         cfg,
-        DistInfo(rank, world, rank, cpu),
+        DistInfo(rank, world, rank, DEVICE),
     )
-    ref = HFBackend(hf, cfg, DistInfo(0, 1, 0, cpu))
+    ref = HFBackend(hf, cfg, DistInfo(0, 1, 0, DEVICE))
     # What a weight push sends: the gathered shards in HF names, bit-exact before training.
-    pushed = dict(meg.named_tensors())
+    pushed = {k: v.cpu() for k, v in meg.named_tensors()}
     diffs: dict[str, float] = {}
     if rank == 0:
         want0 = tiny(tied).state_dict()
@@ -118,19 +126,19 @@ def main() -> None:
         for mb, lp in zip(mbs, got, strict=True):
             want = torch.cat([want_lp[i] for i in mb.samples])
             diffs[f"logprobs_{policy}"] = max(
-                diffs.get(f"logprobs_{policy}", 0.0), float((lp - want).abs().max())
+                diffs.get(f"logprobs_{policy}", 0.0), float((lp.cpu() - want).abs().max())
             )
     # Right-padded micro-batches (`batch.packing: false`): the same logprobs.
     padded = [build_microbatch(seqs, idxs, packed=False) for idxs in mine]
     for mb, lp in zip(padded, meg.logprobs(padded, Policy.CURRENT), strict=True):
         want = torch.cat([want_lp[i] for i in mb.samples])
         diffs["logprobs_padded"] = max(
-            diffs.get("logprobs_padded", 0.0), float((lp - want).abs().max())
+            diffs.get("logprobs_padded", 0.0), float((lp.cpu() - want).abs().max())
         )
     ents: list[torch.Tensor] = []
 
     def record(mb, logp, entropy):  # type: ignore[no-untyped-def]
-        ents.append(entropy.detach())
+        ents.append(entropy.detach().cpu())
         return LossTerms(loss=(logp * 0).sum() + entropy.sum() * 0, metrics={})
 
     meg.forward_backward(mbs, record, entropy_grad=True)
@@ -148,7 +156,7 @@ def main() -> None:
         if key in want_m:
             diffs[f"metric_{key}"] = abs(got_m[key] - want_m[key])
             diffs[f"value_{key}"] = want_m[key]
-    got_w = dict(meg.named_tensors())
+    got_w = {k: v.cpu() for k, v in meg.named_tensors()}
 
     # Resume: a fresh backend loading the full state continues bit-identically.
     state = meg.full_state()
@@ -156,7 +164,7 @@ def main() -> None:
         {k: v.clone() for k, v in tiny(tied).state_dict().items()},
         hf.config,
         cfg,
-        DistInfo(rank, world, rank, cpu),
+        DistInfo(rank, world, rank, DEVICE),
     )
     again.load_full_state(state if rank == 0 else None)
     more = make_batch(n_groups=2, group_size=4, seed=2)
@@ -167,7 +175,7 @@ def main() -> None:
         diffs["resume"] = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
         diffs["steps_after_resume"] = float(again.optimizer_steps)
     if rank == 0:
-        want_w = {k: v for k, v in ref.model.state_dict().items()}
+        want_w = {k: v.cpu() for k, v in ref.model.state_dict().items()}
         assert set(got_w) == set(want_w), set(got_w) ^ set(want_w)
         diffs["weights"] = max(float((got_w[k] - want_w[k]).abs().max()) for k in want_w)
         moved = max(float((got_w[k] - hf_w).abs().max()) for k, hf_w in _initial(tied).items())
