@@ -21,6 +21,11 @@ against the steps that made the final model; lost = published and not trained, d
 trained in two steps. Held-out EM of both runs' final models. Run from the repository root:
 
     OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
+                                                         [--seed 0] [--train-seed N]
+
+`--train-seed` draws another training (data order, trainer seed) on the same world and warm
+start, for both runs: EM's spread over training seeds is the noise the faulted run's EM is
+judged against.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ PUSH_PATH = "/update_weights_from_distributed"
 @dataclass(frozen=True)
 class ChaosConfig:
     out_dir: Path
-    seed: int = 0
+    seed: int = 0  # the world, the warm start and the fault schedule
+    train_seed: int | None = None  # the data order and the trainer's seed (None: `seed`)
     faults: int = 20
     kinds: tuple[str, ...] = ()  # empty: seeded shuffles of KINDS
     quick: bool = False
@@ -154,6 +160,11 @@ def write_run_config(
     path = write_stack_config(run_demo, index_dir, warm, rows)
     data = yaml.safe_load(path.read_text())
     data["redis"] = {"url": redis_url}
+    # The same world and warm start, another draw of the training (data order, trainer seed):
+    # what EM varies by from one run to the next without faults.
+    train_seed = cfg.seed if cfg.train_seed is None else cfg.train_seed
+    data["orchestrator"].setdefault("data", {})["seed"] = train_seed
+    data["trainer"].setdefault("model", {})["seed"] = train_seed
     data["run"].update(
         id="chaos",
         groups_per_step=cfg.groups_per_step,
@@ -503,7 +514,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/chaos"))
     ap.add_argument("--faults", type=int, default=20)
     ap.add_argument("--kinds", default="", help=f"comma list, cycled (default: {KINDS})")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="world, warm start, fault schedule")
+    ap.add_argument(
+        "--train-seed", type=int, default=None, help="data order and trainer seed (default --seed)"
+    )
     ap.add_argument("--quick", action="store_true", help="the quick demo's world and warm start")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default 4/fault + 6)")
     ap.add_argument("--groups-per-step", type=int, default=8)
@@ -516,6 +530,7 @@ def main() -> int:
     cfg = ChaosConfig(
         out_dir=args.out.resolve(),
         seed=args.seed,
+        train_seed=args.train_seed,
         faults=args.faults,
         kinds=kinds,
         quick=args.quick,
