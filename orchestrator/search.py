@@ -73,6 +73,7 @@ class SearchTool:
         self._closed = asyncio.Event()  # set: the breaker is closed (searches go through)
         self._closed.set()
         self._prober: asyncio.Task[None] | None = None
+        self._ready_probe: asyncio.Future[bool] | None = None  # the /ready call in flight
 
     @property
     def breaker_open(self) -> bool:
@@ -99,6 +100,14 @@ class SearchTool:
         self._prober = asyncio.create_task(self._probe_until_ready())
 
     async def _ready(self) -> bool:
+        """The retriever's /ready. Searches whose retries run out together (an outage) share
+        the probe in flight instead of sending one each."""
+        if self._ready_probe is None or self._ready_probe.done():
+            self._ready_probe = asyncio.ensure_future(self._probe_ready())
+        # shielded: one waiter cancelled (its rollout stopped) does not cancel the others' probe
+        return await asyncio.shield(self._ready_probe)
+
+    async def _probe_ready(self) -> bool:
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
                 return await self.client.ready()

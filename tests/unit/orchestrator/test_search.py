@@ -142,6 +142,31 @@ async def test_an_outage_opens_the_breaker_and_searches_wait_for_the_retriever()
     assert not tool.breaker_open and metrics.RETRIEVER_BREAKER_OPEN._value.get() == 0
 
 
+class SlowReadyOutage(Outage):
+    """An outage whose /ready takes a while to fail (a retriever host not answering)."""
+
+    async def ready(self) -> bool:
+        self.ready_calls += 1
+        await asyncio.sleep(0.05)
+        return self.loaded
+
+
+async def test_searches_exhausted_together_share_one_ready_probe() -> None:
+    """Searches in flight when the retriever goes down run out of retries at about the same
+    moment; each probed /ready on its own (up to `max_concurrency` probes at a retriever that
+    is already struggling). They now share the one probe in flight."""
+    client = SlowReadyOutage()
+    tool = SearchTool(
+        client, SearchConfig(max_attempts=1, breaker_failures=100, breaker_probe_s=10, **FAST)
+    )
+    waiting = [asyncio.create_task(tool.search(f"q{i}")) for i in range(50)]
+    await asyncio.sleep(0.2)
+    assert tool.breaker_open and client.ready_calls == 1
+    for t in waiting:
+        t.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
 async def test_searches_failing_on_a_ready_retriever_fail_and_open_the_breaker() -> None:
     """/ready fine but every search fails: the searches fail (no endless wait), and
     `breaker_failures` of them in a row still open the breaker."""
