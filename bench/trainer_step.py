@@ -127,25 +127,24 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    best: dict[str, float] = {}
+    forwards_only = 1 + (args.kl_coef > 0)  # old logprobs (recomputed), the reference
+    metrics: list[dict[str, float]] = []
     seconds: list[float] = []
     flops: list[float] = []
-    tokens = []
+    tokens: list[int] = []
     for r in range(args.repeats):
         trajs = batch(args.samples, hf_cfg.vocab_size, seed=r)
         lengths = [len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajs]
         t0 = time.perf_counter()
-        m = train_on(trajs, backend, cfg)
+        metrics.append(train_on(trajs, backend, cfg))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t0)
-        forwards_only = 1 + (args.kl_coef > 0)  # old logprobs (recomputed), the reference
         flops.append(forward_flops(hf_cfg, lengths) * (3 + forwards_only))
         tokens.append(sum(lengths))
         print(f"{name} step {r}: {seconds[-1]:.2f} s, {tokens[-1]} tokens", flush=True)
-        if seconds[-1] == min(seconds):
-            best = m
     fastest = seconds.index(min(seconds))
+    best = metrics[fastest]
     step_s, flops_s = seconds[fastest], flops[fastest] / seconds[fastest]
     out = {
         "tokens_per_s": round(tokens[fastest] / step_s),

@@ -10,7 +10,8 @@ lets a real token see the padding after it.
 
 On CUDA the per-sequence calls run on the flash kernel (`shape_free_sdpa`): the cuDNN kernel,
 which PyTorch may pick, plans per shape, and a batch of new lengths then costs a plan per
-sequence per layer (bench/trainer_step.py on an H100: 80 s per Qwen2.5-3B step instead of 35).
+sequence per layer (bench/trainer_step.py on an H100: 80-84 s per Qwen2.5-3B step instead of
+36-39 s).
 
 Registered under `VARLEN` in transformers' attention registry; transformers builds no mask for
 a custom implementation, which is what both paths want.

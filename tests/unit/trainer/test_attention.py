@@ -85,8 +85,8 @@ def test_loading_a_softcapped_model_names_the_field(tmp_path) -> None:  # type: 
 
 def test_cuda_attention_stays_off_the_per_shape_cudnn_kernel() -> None:
     """On CUDA the per-sequence attention keeps PyTorch off cuDNN attention, which plans per
-    shape: on an H100 every new sequence length cost ~25 ms (a Qwen2.5-3B step 80 s, not 35).
-    The backend flags are global, so this holds on a machine without a GPU too."""
+    shape: on an H100 every new sequence length cost ~25 ms (a Qwen2.5-3B step 80-84 s, not
+    36-39 s). The backend flags are global, so this holds on a machine without a GPU too."""
     from trainer.attention import shape_free_sdpa
 
     cudnn_before = torch.backends.cuda.cudnn_sdp_enabled()
