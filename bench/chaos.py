@@ -1,6 +1,6 @@
 """Chaos: the real stack under faults at seeded random times, and a ledger of every trajectory.
 
-Builds the demo's world, index and warm-started model (`searchr1.stack.demo.run`; reused when
+Builds the demo's world, index and warm-started model (`stack.demo`; reused when
 `--out` already holds them), then runs GRPO twice through the real services under
 `searchr1.supervisor` with `local.restart: on-failure` (as compose's `restart: on-failure`
 and a Kubernetes Job would restart them): once without faults, once with `--faults` of:
@@ -53,8 +53,9 @@ import redis
 import yaml
 
 from searchr1.redis_server import RedisServer, free_port
-from searchr1.stack.config import load_config
-from searchr1.stack.demo.run import (
+from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from stack.config import load_config
+from stack.demo import (
     DemoConfig,
     build_policy,
     evaluate,
@@ -62,9 +63,8 @@ from searchr1.stack.demo.run import (
     write_rows,
     write_stack_config,
 )
-from searchr1.stack.demo.world import generate_world, write_world
-from searchr1.stack.local.launcher import build_specs
-from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from stack.demo_world import generate_world, write_world
+from stack.launcher import build_specs
 from tests.support.chaos_ledger import LedgerResult, read_steps, settle
 from tests.support.chaos_proxy import FaultyProxy
 

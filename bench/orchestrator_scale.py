@@ -51,7 +51,7 @@ prof = cProfile.Profile()
 signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
 signal.signal(signal.SIGUSR2, lambda *_: prof.disable())
 try:
-    runpy.run_module("searchr1.stack.cli", run_name="__main__")
+    runpy.run_module("stack.cli", run_name="__main__")
 except SystemExit:
     pass
 finally:
@@ -310,7 +310,7 @@ def main() -> None:
                 code = PROFILE.replace("OUT", repr(str(tmp / "orch.prof")))
                 cmd = [py, "-c", code, "-", *cli]
             else:
-                cmd = [py, "-m", "searchr1.stack.cli", *cli]
+                cmd = [py, "-m", "stack.cli", *cli]
             orchs.append(start(cmd, tmp / f"orch-{i}.log"))
         procs += orchs
 

@@ -143,7 +143,7 @@ def start_server(index_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
             }
         )
     )
-    cmd = [sys.executable, "-m", "searchr1.stack.cli", "retriever", "serve"]
+    cmd = [sys.executable, "-m", "stack.cli", "retriever", "serve"]
     cmd += ["--index", str(index_dir), "--port", str(port), "--config", str(cfg)]
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from inference.config import InferenceSettings
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+from searchr1.cli_common import ConfigOption, add_show_config, start_service
 
 app = typer.Typer(
     help="Rollout generation: the SGLang HTTP protocol (SGLang on GPU, a reference engine on CPU).",
@@ -17,10 +17,7 @@ app = typer.Typer(
 )
 
 
-@app.command("show-config")
-def show_config(config: ConfigOption = None) -> None:
-    """Print the effective inference section (file + environment + defaults)."""
-    print_section(load_or_exit(InferenceSettings, config).inference)
+add_show_config(app, InferenceSettings, "inference")
 
 
 @app.command("make-tiny-model")

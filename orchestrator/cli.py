@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from orchestrator.config import OrchestratorSettings
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+from searchr1.cli_common import ConfigOption, add_show_config, start_service
 
 if TYPE_CHECKING:
     from orchestrator.config import OrchestratorSettings
@@ -51,10 +51,7 @@ def check_enough_data(cfg: OrchestratorSettings, prompts: list[Prompt]) -> None:
         )
 
 
-@app.command("show-config")
-def show_config(config: ConfigOption = None) -> None:
-    """Print the effective orchestrator section (file + environment + defaults)."""
-    print_section(load_or_exit(OrchestratorSettings, config).orchestrator)
+add_show_config(app, OrchestratorSettings, "orchestrator")
 
 
 @app.command("run")

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from retriever.config import RetrieverSettings
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+from searchr1.cli_common import ConfigOption, add_show_config, start_service
 
 app = typer.Typer(
     help="Search service: drop-in Search-R1 /retrieve API (HTTP + gRPC), dense/BM25/web backends.",
@@ -19,10 +19,7 @@ app = typer.Typer(
 )
 
 
-@app.command("show-config")
-def show_config(config: ConfigOption = None) -> None:
-    """Print the effective retriever section (file + environment + defaults)."""
-    print_section(load_or_exit(RetrieverSettings, config).retriever)
+add_show_config(app, RetrieverSettings, "retriever")
 
 
 @app.command("build")

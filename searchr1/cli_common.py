@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
+import yaml
+from pydantic import BaseModel
 
 from searchr1.logs import setup_logging
 from searchr1.settings import ConfigError, ServiceSettings, load_settings
@@ -40,9 +42,15 @@ def start_service(service: str, cls: type[S], path: Path | None) -> S:
     return cfg
 
 
-def print_section(section: object) -> None:
-    import yaml
-    from pydantic import BaseModel
-
-    assert isinstance(section, BaseModel)
+def print_section(section: BaseModel) -> None:
     typer.echo(yaml.safe_dump(section.model_dump(mode="json"), sort_keys=False).rstrip())
+
+
+def add_show_config(app: typer.Typer, cls: type[ServiceSettings], section: str) -> None:
+    """Register `show-config` on a service's app: its effective section as YAML."""
+
+    def show_config(config: ConfigOption = None) -> None:
+        print_section(getattr(load_or_exit(cls, config), section))
+
+    show_config.__doc__ = f"Print the effective {section} section (file + environment + defaults)."
+    app.command("show-config")(show_config)

@@ -3,7 +3,7 @@
 The stack has one config file format with a section per component. A service loads only what
 it needs: `ServiceSettings` (the shared `run` numbers, logging, Redis, the bus, the admin token)
 plus its own section, declared by a subclass in the service's `config.py`; sections of other
-services in the same file are skipped. The roof's `StackConfig` (`searchr1.stack.config`)
+services in the same file are skipped. The roof's `StackConfig` (`stack.config`)
 composes every section and checks the whole file. Precedence: environment
 (`SEARCHR1_<SECTION>__<FIELD>`, nested with `__`) > YAML file > defaults. Secrets (tokens, API
 keys) come from the environment only.

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from searchr1.cli_common import ConfigOption, load_or_exit, print_section, start_service
+from searchr1.cli_common import ConfigOption, add_show_config, load_or_exit, start_service
 from trainer.config import TrainerConfig, TrainerSettings
 
 if TYPE_CHECKING:
@@ -20,10 +20,7 @@ app = typer.Typer(
 )
 
 
-@app.command("show-config")
-def show_config(config: ConfigOption = None) -> None:
-    """Print the effective trainer section (file + environment + defaults)."""
-    print_section(load_or_exit(TrainerSettings, config).trainer)
+add_show_config(app, TrainerSettings, "trainer")
 
 
 def _fail(message: str) -> typer.Exit:
@@ -60,7 +57,7 @@ def run(
 ) -> None:
     """Train: consume trajectories from the bus, step, checkpoint, ack, push weights.
 
-    Launch with `torchrun --nproc-per-node N -m searchr1.stack.cli trainer run ...` for FSDP2."""
+    Launch with `torchrun --nproc-per-node N -m stack.cli trainer run ...` for FSDP2."""
     import asyncio
 
     cfg = start_service("trainer", TrainerSettings, config)

@@ -14,7 +14,7 @@ import httpx
 
 from searchr1.redis_server import free_port
 
-SEARCHR1 = [sys.executable, "-m", "searchr1.stack.cli"]
+SEARCHR1 = [sys.executable, "-m", "stack.cli"]
 
 # question, gold answer, the passage that answers it
 FACTS = [

@@ -118,7 +118,7 @@ async def test_consumer_dead_letters_and_forgives_what_it_holds(redis_server: Re
 def test_cli_lists_dead_letters(redis_server: RedisServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from typer.testing import CliRunner
 
-    from searchr1.stack.cli import app
+    from stack.cli import app
 
     async def setup() -> None:
         bus = bus_for(redis_server, consumer="trainer-0")

@@ -44,7 +44,7 @@ def _start(name: str, replace: dict[str, str], log: Path) -> Running:
     full_env = {**base, **env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "searchr1.stack.cli", *argv],
+            [sys.executable, "-m", "stack.cli", *argv],
             env=full_env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -91,7 +91,7 @@ def retriever(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     build = [
         sys.executable,
         "-m",
-        "searchr1.stack.cli",
+        "stack.cli",
         "retriever",
         "build",
         "--corpus",

@@ -48,7 +48,7 @@ def seed1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def push(checkpoint: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """The trainer: a separate process that joins the group as rank 0 and broadcasts."""
     return subprocess.run(
-        [sys.executable, "-m", "searchr1.stack.cli", "inference", "push-weights", str(checkpoint),
+        [sys.executable, "-m", "stack.cli", "inference", "push-weights", str(checkpoint),
          "--engine-url", url, "--master-port", str(free_port()), "--bucket-mb", "1", *extra],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1", "SEARCHR1_ADMIN_TOKEN": TOKEN},

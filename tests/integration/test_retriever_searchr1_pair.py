@@ -67,7 +67,7 @@ def pair(tmp_path_factory):
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "searchr1.stack.cli", "retriever", *args],
+        [sys.executable, "-m", "stack.cli", "retriever", *args],
         capture_output=True,
         text=True,
         timeout=300,

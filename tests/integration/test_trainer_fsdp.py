@@ -130,7 +130,7 @@ def test_two_rank_fsdp2_matches_one_rank(tmp_path) -> None:  # type: ignore[no-u
 
 @pytest.mark.slow  # ~25 s: two ranks start a full trainer process each
 def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    """`torchrun -m searchr1.stack.cli trainer run` on 2 ranks: rank 0 reads the bus and broadcasts;
+    """`torchrun -m stack.cli trainer run` on 2 ranks: rank 0 reads the bus and broadcasts;
     per-step losses equal a 1-process replay of the same groups."""
     import yaml
 
@@ -161,7 +161,7 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
     )
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "searchr1.stack.cli", "trainer", "run", "--config", str(cfg_file),
+        "-m", "stack.cli", "trainer", "run", "--config", str(cfg_file),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
@@ -236,7 +236,7 @@ def test_two_rank_trainer_resyncs_a_restarted_engine(
     cfg_file.write_text(yaml.safe_dump(stack))
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "searchr1.stack.cli", "trainer", "run", "--config", str(cfg_file),
+        "-m", "stack.cli", "trainer", "run", "--config", str(cfg_file),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log_path = tmp_path / "trainer.log"

@@ -110,7 +110,7 @@ class Trainer:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with open(self.workdir / "trainer.log", "ab") as log:  # the child keeps its own fd
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
+                [sys.executable, "-m", "stack.cli", "trainer", "run",
                  "--config", str(self.config), *extra],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
@@ -204,7 +204,7 @@ def test_a_resume_that_fails_exits_non_zero(tmp_path: Path, tiny_model_dir: Path
         (broken / "state.pt").write_bytes(b"not a checkpoint")
         (trainer.ckpt / "latest").write_text(broken.name)
         done = subprocess.run(
-            [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
+            [sys.executable, "-m", "stack.cli", "trainer", "run",
              "--config", str(trainer.config), "--resume"],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -226,7 +226,7 @@ def test_a_second_trainer_on_the_same_run_is_refused(tmp_path: Path, tiny_model_
     try:
         first.start()
         done = subprocess.run(
-            [sys.executable, "-m", "searchr1.stack.cli", "trainer", "run",
+            [sys.executable, "-m", "stack.cli", "trainer", "run",
              "--config", str(second.config)],
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

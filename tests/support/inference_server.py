@@ -41,7 +41,7 @@ class InferenceServerProcess(ServiceProcess):
         self.model_dir = str(model_dir)
         self.port = port or free_port()
         exe = shutil.which("searchr1", path=str(Path(sys.executable).parent))
-        base = [exe] if exe else [sys.executable, "-m", "searchr1.stack.cli"]
+        base = [exe] if exe else [sys.executable, "-m", "stack.cli"]
         env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
         if engine == "sglang":
             if not sglang_python:

@@ -41,7 +41,7 @@ class RetrieverProcess(ServiceProcess):
         cmd = [
             sys.executable,
             "-m",
-            "searchr1.stack.cli",
+            "stack.cli",
             "retriever",
             "serve",
             "--config",

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from searchr1.stack import cli
-from searchr1.stack.config import load_config
-from searchr1.stack.demo.run import DemoConfig, write_stack_config
+from stack import cli
+from stack.config import load_config
+from stack.demo import DemoConfig, write_stack_config
 
 
 def _rows(tmp_path: Path) -> dict[str, Path]:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from orchestrator.observation import observation_text
-from searchr1.stack.demo.warmstart import DemoSampler, WarmStartConfig, sft
-from searchr1.stack.demo.world import generate_world
+from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
+from stack.demo_world import generate_world
 
 
 @pytest.fixture(scope="module")

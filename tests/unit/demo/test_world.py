@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.stack.demo.world import generate_world, person_of, write_world
+from stack.demo_world import generate_world, person_of, write_world
 
 
 def test_same_seed_same_world_other_seed_other_world() -> None:
@@ -64,7 +64,7 @@ def test_the_demo_tokenizer_makes_every_name_one_token(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     from inference.tiny_model import make_tiny_model
-    from searchr1.stack.demo.run import tokenizer_corpus
+    from stack.demo import tokenizer_corpus
 
     world = generate_world(0, n_people=50)
     texts, vocab_size = tokenizer_corpus(world)

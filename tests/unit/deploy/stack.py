@@ -41,13 +41,13 @@ FAKE_SECRET = "s3cret-Value_1"
 
 
 def stack_config_cls() -> type[BaseModel]:
-    from searchr1.stack.config import StackConfig
+    from stack.config import StackConfig
 
     return StackConfig
 
 
 def env_prefix() -> str:
-    from searchr1.stack.config import ENV_PREFIX
+    from stack.config import ENV_PREFIX
 
     return ENV_PREFIX
 
@@ -62,7 +62,7 @@ def config_file_env() -> str:
 def secret_env_names() -> set[str]:
     """Secrets read from the environment: top-level secret keys and the serper API key."""
     from retriever.backends.web import API_KEY_ENV
-    from searchr1.stack.config import SECRET_KEYS
+    from stack.config import SECRET_KEYS
 
     return {env_prefix() + k.upper() for k in SECRET_KEYS} | {API_KEY_ENV}
 
@@ -90,7 +90,7 @@ def config_field_path(env_name: str) -> list[str] | None:
 
 def load_with_env(env: dict[str, str], config_file: Path | None = None):  # type: ignore[no-untyped-def]
     """The StackConfig a service would load with exactly this environment (and file)."""
-    from searchr1.stack.config import load_config
+    from stack.config import load_config
 
     keep = {k: v for k, v in os.environ.items() if not k.startswith(env_prefix())}
     with mock.patch.dict(os.environ, {**keep, **env}, clear=True):
@@ -130,7 +130,7 @@ def check_cli(argv: list[str]) -> Any:
 
     Typer vendors its own click, so groups are recognised by behaviour, not by class.
     """
-    from searchr1.stack.cli import app
+    from stack.cli import app
 
     cmd: Any = typer.main.get_command(app)
     ctx = cmd.context_class(cmd, info_name="searchr1")
@@ -320,10 +320,8 @@ def _k8s_argv(c: dict[str, Any]) -> list[str]:
     command, args = c.get("command"), c.get("args", [])
     if command:
         full = list(command) + list(args)
-        if (
-            "searchr1.stack.cli" in full
-        ):  # python -m torch.distributed.run ... -m searchr1.stack.cli ...
-            return full[full.index("searchr1.stack.cli") + 1 :]
+        if "stack.cli" in full:  # python -m torch.distributed.run ... -m stack.cli ...
+            return full[full.index("stack.cli") + 1 :]
         if full[0] == "searchr1":
             return full[1:]
         return []

@@ -181,11 +181,11 @@ def test_demo_steps_parse_with_their_commands() -> None:
     import contextlib
     import io
 
-    from searchr1.stack.demo import containers
+    from stack import demo_containers as containers
 
     for name in ("demo-setup", "demo-report"):
         svc = SERVICES[name]
-        assert svc["entrypoint"] == ["python", "-m", "searchr1.stack.demo.containers"]
+        assert svc["entrypoint"] == ["python", "-m", "stack.demo_containers"]
         with (
             mock.patch.object(containers, "setup") as setup,
             mock.patch.object(containers, "report") as report,

@@ -287,4 +287,4 @@ def test_the_copied_context_builds_the_package(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for pkg in stack.SERVICES:
         assert f"{pkg}/cli.py" in names
-    assert {"protos/trajectory.proto", "searchr1/stack/cli.py"} <= names
+    assert {"protos/trajectory.proto", "stack/cli.py"} <= names

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "searchr1.stack.cli", "inference", *args],
+        [sys.executable, "-m", "stack.cli", "inference", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -94,7 +94,7 @@ def start_launcher(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[by
     (tmp_path / "sglang" / "__init__.py").write_text("")
     (tmp_path / "sglang" / "launch_server.py").write_text(FAKE)
     return subprocess.Popen(
-        [sys.executable, "-m", "searchr1.stack.cli", "inference", "serve", "--engine", "sglang",
+        [sys.executable, "-m", "stack.cli", "inference", "serve", "--engine", "sglang",
          "--model", "/models/x", "--port", str(port)],
         env={
             **os.environ,

@@ -16,7 +16,7 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status, new_group
 from orchestrator.search import SearchTool
-from searchr1.stack.cli import app
+from stack.cli import app
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2, FakeRetriever
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from searchr1.stack.cli import app
-from searchr1.stack.config import ConfigError, load_config
+from stack.cli import app
+from stack.config import ConfigError, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

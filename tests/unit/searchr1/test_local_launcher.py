@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.stack.config import load_config
-from searchr1.stack.local.launcher import build_specs
+from stack.config import load_config
+from stack.launcher import build_specs
 
 
 def test_specs_follow_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

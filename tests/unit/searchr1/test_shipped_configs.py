@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.stack.config import load_config
+from stack.config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
 

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from searchr1.stack.cli import app
+from stack.cli import app
 from trainer.config import TrainerConfig
 
 

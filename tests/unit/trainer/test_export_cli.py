@@ -10,7 +10,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from searchr1.stack.cli import app
+from stack.cli import app
 from tests.unit.trainer.conftest import make_batch
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig

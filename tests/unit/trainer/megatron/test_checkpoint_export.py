@@ -41,7 +41,7 @@ def test_megatron_checkpoint_exports_in_one_process(tmp_path, tiny_model_dir) ->
     export = [
         sys.executable,
         "-m",
-        "searchr1.stack.cli",
+        "stack.cli",
         "trainer",
         "export-hf",
         str(tmp_path / "ckpt"),

@@ -27,12 +27,12 @@ import yaml
 
 from inference.tiny_model import default_corpus, make_tiny_model
 from searchr1.redis_server import free_port
-from searchr1.stack.demo.warmstart import DemoSampler, WarmStartConfig, sft
-from searchr1.stack.demo.world import World, generate_world, write_world
+from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
+from stack.demo_world import World, generate_world, write_world
 
 log = logging.getLogger(__name__)
 
-CONFIG_TEMPLATE = Path(__file__).resolve().parents[3] / "configs" / "demo-cpu.yaml"
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[1] / "configs" / "demo-cpu.yaml"
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,9 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     """
     from orchestrator.data import load_prompts
     from orchestrator.wiring import evaluate_served
-    from searchr1.stack.config import load_config
-    from searchr1.stack.local.launcher import build_specs
     from searchr1.supervisor import Supervisor
+    from stack.config import load_config
+    from stack.launcher import build_specs
 
     cfg = load_config(stack)
     cfg.local.services = ["retriever", "inference"]
@@ -241,8 +241,8 @@ def summary_row(result: dict[str, Any]) -> dict[str, float]:
 
 def run_demo(cfg: DemoConfig) -> dict[str, float]:
     from retriever.build import BuildConfig, build_index
-    from searchr1.stack.config import load_config
-    from searchr1.stack.local.launcher import run_local
+    from stack.config import load_config
+    from stack.launcher import run_local
 
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from inference.config import InferenceSettings
 from orchestrator.config import OrchestratorSettings
 from retriever.config import RetrieverSettings
+from searchr1.sections import Section
 from searchr1.settings import (
     ENV_PREFIX,
     SECRET_KEYS,
@@ -23,18 +25,36 @@ from searchr1.settings import (
     load_settings,
     read_yaml,
 )
-from searchr1.stack.local.config import LocalConfig
+from searchr1.supervisor import RestartPolicy
 from trainer.config import TrainerSettings
 
 __all__ = [
     "ENV_PREFIX",
     "SECRET_KEYS",
     "ConfigError",
+    "LocalConfig",
     "StackConfig",
     "format_validation_error",
     "load_config",
     "read_yaml",
 ]
+
+
+class LocalConfig(Section):
+    """The `local` section: how `searchr1 local` runs the stack on one machine."""
+
+    log_dir: Path = Field(default=Path("runs/local/logs"), description="One log file per service.")
+    redis_dir: Path = Field(
+        default=Path("runs/local/redis"), description="Data dir of the embedded Redis (AOF)."
+    )
+    services: list[str] = Field(
+        default=["retriever", "inference", "orchestrator", "trainer"],
+        description="Which services to start, in this order.",
+    )
+    restart: RestartPolicy = RestartPolicy.NEVER
+    max_restarts: int = Field(default=3, ge=0)
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    grace_s: float = Field(default=20.0, gt=0, description="SIGTERM -> SIGKILL delay on stop.")
 
 
 class StackConfig(RetrieverSettings, InferenceSettings, OrchestratorSettings, TrainerSettings):

@@ -21,7 +21,7 @@ from orchestrator.cli import app as orchestrator_app
 from orchestrator.cli import data_app, eval_command
 from retriever.cli import app as retriever_app
 from searchr1.cli_common import ConfigOption, load_or_exit
-from searchr1.stack.config import StackConfig
+from stack.config import StackConfig
 from trainer.cli import app as trainer_app
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ def local(
 ) -> None:
     """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
     from searchr1.logs import setup_logging
-    from searchr1.stack.local.launcher import run_local
+    from stack.launcher import run_local
 
     if config is None:
         typer.secho("error: --config is required (the same file every service reads)", err=True)
@@ -181,7 +181,7 @@ def demo(
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
     from searchr1.logs import setup_logging
-    from searchr1.stack.demo.run import DemoConfig, run_demo
+    from stack.demo import DemoConfig, run_demo
 
     if engine not in ("torch", "sglang"):
         typer.secho(f"error: --engine must be torch or sglang (got {engine!r})", err=True)

@@ -3,8 +3,8 @@
 The services are the stack's own containers; these two commands do what `run_demo` does
 around them, with its functions:
 
-    python -m searchr1.stack.demo.containers setup   # demo-setup: world, rows, index, warm start
-    python -m searchr1.stack.demo.containers report  # demo-report: held-out eval after GRPO,
+    python -m stack.demo_containers setup   # demo-setup: world, rows, index, warm start
+    python -m stack.demo_containers report  # demo-report: held-out eval after GRPO,
                                                      # the demo's table and key=value line
 
 In between, `searchr1 eval` (demo-eval-before) evaluates the warm start through the retriever and
@@ -45,9 +45,9 @@ def _trainer_backend() -> str:
 def setup(runs: Path, data: Path, index: Path, model: Path, seed: int) -> None:
     """World, train/test rows, MiniLM index and the warm-started policy, into the volumes."""
     from retriever.build import BuildConfig, build_index
-    from searchr1.stack.demo.run import DemoConfig, build_policy, write_rows
-    from searchr1.stack.demo.warmstart import WarmStartConfig
-    from searchr1.stack.demo.world import generate_world, write_world
+    from stack.demo import DemoConfig, build_policy, write_rows
+    from stack.demo_warmstart import WarmStartConfig
+    from stack.demo_world import generate_world, write_world
 
     (runs / STARTED).write_text(json.dumps({"time": time.time(), "seed": seed}) + "\n")
     # Demonstrations show as many documents per search as the rollouts will get.
@@ -68,8 +68,8 @@ def report(runs: Path, test_rows: Path) -> dict[str, float]:
     demo's table and last line. Fails unless the engine serves the final step's weights."""
     from orchestrator.data import load_prompts
     from orchestrator.wiring import evaluate_served
-    from searchr1.stack.cli import print_demo_summary
-    from searchr1.stack.demo.run import plot, summarize, summary_row
+    from stack.cli import print_demo_summary
+    from stack.demo import plot, summarize, summary_row
 
     cfg = _settings()
     prompts = load_prompts(test_rows)

@@ -32,7 +32,7 @@ import torch
 
 from orchestrator.observation import format_docs, tokenize_observation
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
-from searchr1.stack.demo.world import PROFESSIONS, Person, Town, World, person_passage, town_passage
+from stack.demo_world import PROFESSIONS, Person, Town, World, person_passage, town_passage
 
 log = logging.getLogger(__name__)
 

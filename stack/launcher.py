@@ -21,8 +21,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from searchr1.redis_server import RedisServer
-from searchr1.stack.config import StackConfig
 from searchr1.supervisor import ServiceSpec, Supervisor
+from stack.config import StackConfig
 
 log = logging.getLogger(__name__)
 
