@@ -38,7 +38,8 @@ from tests.support.inspector_run import (  # noqa: E402
 
 
 def build(root: Path, tokens: int, searches: int, steps: int) -> tuple[Path, Path, str]:
-    from orchestrator.rollout_log import RolloutLog, RolloutLogConfig
+    from orchestrator.config import RolloutLogConfig
+    from orchestrator.rollout_log import RolloutLog
 
     traj_run, long_run = root / "trajectory", root / "long"
     tid = long_trajectory_run(traj_run, tokens, searches)

@@ -10,9 +10,6 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
-from orchestrator.partition import PartitionConfig
-from orchestrator.rewards import ShapedScores
-from orchestrator.rollout_log import RolloutLogConfig
 from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
 
@@ -66,6 +63,52 @@ class SearchConfig(Section):
         description="A search waits at most this long for the retriever to come back, then "
         "fails (an infrastructure failure, left out of training by default).",
     )
+
+
+class ShapedScores(Section):
+    """The v0.3 shaped reward table (spec section 4); configurable, defaults are the paper's.
+    `RewardConfig` extends it, so the config section carries the table's fields as they are."""
+
+    correct_valid: float = 1.0
+    correct_invalid: float = 0.8
+    valid_wrong: float = 0.2
+    invalid_wrong: float = 0.1
+    invalid_no_answer: float = 0.0
+    retrieval_bonus: float = 0.0
+
+
+class PartitionConfig(Section):
+    worker_id: str | None = Field(
+        default=None,
+        description="This process's name on its claims, stable across its restarts (a restart "
+        "takes its own claims back at once); default hostname-pid (stable in a container).",
+    )
+    claim_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A claim not renewed for this long (its process died) is taken by another.",
+    )
+    poll_s: float = Field(
+        default=0.2, gt=0, description="How often a process with nothing to claim looks again."
+    )
+
+
+class RolloutLogConfig(Section):
+    run_dir: str | None = Field(
+        default=None,
+        description="Run directory; the log goes to <run_dir>/rollouts/ (None: no rollout log).",
+    )
+    groups_per_step: int = Field(default=1, ge=0, description="Whole groups logged per step.")
+    log_failures: bool = Field(
+        default=True, description="Also log every failed, truncated or invalid-action sample."
+    )
+    max_failures_per_step: int = Field(
+        default=16, ge=0, description="Cap on those extra samples per step."
+    )
+    max_bytes: int = Field(
+        default=1024**3, ge=1, description="Bound on train/ (oldest step files deleted first)."
+    )
+    evaluations: bool = Field(default=True, description="Log every held-out evaluation sample.")
 
 
 class RolloutConfig(Section):

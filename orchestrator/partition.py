@@ -29,10 +29,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from prometheus_client import Counter
-from pydantic import Field
 
+from orchestrator.config import PartitionConfig
 from searchr1.redis_retry import RedisRetry
-from searchr1.sections import Section
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,22 +44,6 @@ CLAIMS_LOST = Counter(
     "searchr1_rollout_claims_lost_total",
     "Groups this process stopped because its claim expired and another process took it",
 )
-
-
-class PartitionConfig(Section):
-    worker_id: str | None = Field(
-        default=None,
-        description="This process's name on its claims, stable across its restarts (a restart "
-        "takes its own claims back at once); default hostname-pid (stable in a container).",
-    )
-    claim_ttl_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="A claim not renewed for this long (its process died) is taken by another.",
-    )
-    poll_s: float = Field(
-        default=0.2, gt=0, description="How often a process with nothing to claim looks again."
-    )
 
 
 # KEYS: claims, seeded; ARGV: group ids. Fills the step's set once (the first process to come).

@@ -12,7 +12,7 @@ import re
 import string
 from collections import Counter
 
-from searchr1.sections import Section
+from orchestrator.config import ShapedScores
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -114,18 +114,6 @@ def retrieval_hit(response: str, golds: list[str]) -> float:
     blocks = [normalize(b) for b in _INFORMATION.findall(response)]
     norm_golds = [normalize(g) for g in golds if normalize(g)]
     return 1.0 if any(g in b for b in blocks for g in norm_golds) else 0.0
-
-
-class ShapedScores(Section):
-    """The v0.3 shaped reward table (spec section 4); configurable, defaults are the paper's.
-    `RewardConfig` extends it, so the config section carries the table's fields as they are."""
-
-    correct_valid: float = 1.0
-    correct_invalid: float = 0.8
-    valid_wrong: float = 0.2
-    invalid_wrong: float = 0.1
-    invalid_no_answer: float = 0.0
-    retrieval_bonus: float = 0.0
 
 
 def shaped_reward(em: float, valid: bool, has_answer: bool, hit: float, s: ShapedScores) -> float:

@@ -28,9 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import Field
-
-from searchr1.sections import Section
+from orchestrator.config import RolloutLogConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,24 +41,6 @@ log = logging.getLogger(__name__)
 ROLLOUT_DIR = "rollouts"  # under the run directory
 _FAILED = {"error", "aborted"}
 _TRUNCATED = {"truncated", "response_budget", "context_limit", "max_turns"}
-
-
-class RolloutLogConfig(Section):
-    run_dir: str | None = Field(
-        default=None,
-        description="Run directory; the log goes to <run_dir>/rollouts/ (None: no rollout log).",
-    )
-    groups_per_step: int = Field(default=1, ge=0, description="Whole groups logged per step.")
-    log_failures: bool = Field(
-        default=True, description="Also log every failed, truncated or invalid-action sample."
-    )
-    max_failures_per_step: int = Field(
-        default=16, ge=0, description="Cap on those extra samples per step."
-    )
-    max_bytes: int = Field(
-        default=1024**3, ge=1, description="Bound on train/ (oldest step files deleted first)."
-    )
-    evaluations: bool = Field(default=True, description="Log every held-out evaluation sample.")
 
 
 class Decoder(Protocol):

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import RolloutLogConfig
 from orchestrator.observation import format_docs, observation_text
 from orchestrator.rewards import components
-from orchestrator.rollout_log import RolloutLog, RolloutLogConfig
+from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, TurnRecord, new_group
 from trainer.metrics import JsonlLog
 

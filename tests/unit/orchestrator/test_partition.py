@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 import redis.asyncio as aioredis
 
-from orchestrator.partition import CLAIMS_LOST, RECLAIMED, PartitionConfig, StepClaims
+from orchestrator.config import PartitionConfig
+from orchestrator.partition import CLAIMS_LOST, RECLAIMED, StepClaims
 from searchr1.redis_retry import RedisRetry
 
 IDS = [f"run/0/p{i}" for i in range(12)]

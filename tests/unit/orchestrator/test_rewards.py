@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import rewards as R
+from orchestrator.config import ShapedScores
 
 VALID_ONE_SEARCH = (
     "<think> need to look it up </think>\n<search> capital of france </search>\n\n"
@@ -112,7 +113,7 @@ def test_retrieval_hit() -> None:
     assert R.retrieval_hit("<answer> Paris </answer>", ["Paris"]) == 0.0
 
 
-S = R.ShapedScores(retrieval_bonus=0.1)
+S = ShapedScores(retrieval_bonus=0.1)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +131,7 @@ S = R.ShapedScores(retrieval_bonus=0.1)
 def test_shaped_reward_table(response: str, golds: list[str], expected: float) -> None:
     c = R.components(response, golds)
     got = R.shaped_reward(
-        c["em"], c["format"] > 0, c["has_answer"] > 0, c["retrieval"], R.ShapedScores()
+        c["em"], c["format"] > 0, c["has_answer"] > 0, c["retrieval"], ShapedScores()
     )
     assert got == pytest.approx(expected)
 

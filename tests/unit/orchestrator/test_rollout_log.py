@@ -8,13 +8,8 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.rollout_log import (
-    RolloutLog,
-    RolloutLogConfig,
-    mask_runs,
-    question_of,
-    select,
-)
+from orchestrator.config import RolloutLogConfig
+from orchestrator.rollout_log import RolloutLog, mask_runs, question_of, select
 from tests.support.inspector_run import WordTokenizer, build_run, make_group
 
 
