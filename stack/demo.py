@@ -25,10 +25,19 @@ from typing import Any
 
 import yaml
 
+from inference.sglang_launcher import cpu_settings
 from inference.tiny_model import default_corpus, make_tiny_model
+from orchestrator.data import load_prompts
+from orchestrator.prompt import make_row
+from orchestrator.wiring import evaluate_served
+from retriever.build import build_index
+from retriever.config import BuildConfig
 from searchr1.redis_server import free_port
+from searchr1.supervisor import Supervisor
+from stack.config import load_config
 from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
 from stack.demo_world import World, generate_world, write_world
+from stack.launcher import build_specs, run_local
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +90,6 @@ def _world_texts(world: World) -> list[str]:
 
 
 def write_rows(world: World, out: Path) -> dict[str, Path]:
-    from orchestrator.prompt import make_row
-
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split in ("train", "test"):
@@ -165,8 +172,6 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     data["trainer"]["weight_push"]["engine_urls"] = [engine_url]
     data["trainer"]["weight_push"]["master_port"] = free_port()
     if cfg.engine == "sglang":
-        from inference.sglang_launcher import cpu_settings
-
         if not cfg.sglang_python:
             raise ValueError("engine sglang needs SGLang's interpreter (--sglang-python)")
         data["inference"]["engine"] = "sglang"
@@ -184,12 +189,6 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     In this process (not a `searchr1 eval` child): an interrupt can then never leave an
     evaluation running behind the demo.
     """
-    from orchestrator.data import load_prompts
-    from orchestrator.wiring import evaluate_served
-    from searchr1.supervisor import Supervisor
-    from stack.config import load_config
-    from stack.launcher import build_specs
-
     cfg = load_config(stack)
     cfg.local.services = ["retriever", "inference"]
     specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
@@ -240,10 +239,6 @@ def summary_row(result: dict[str, Any]) -> dict[str, float]:
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, float]:
-    from retriever.build import BuildConfig, build_index
-    from stack.config import load_config
-    from stack.launcher import run_local
-
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     # Demonstrations show as many documents per search as RL rollouts will get.

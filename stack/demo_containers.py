@@ -23,32 +23,34 @@ import shutil
 import time
 from pathlib import Path
 
+from orchestrator.config import OrchestratorSettings
+from orchestrator.data import load_prompts
+from orchestrator.wiring import evaluate_served
+from retriever.build import build_index
+from retriever.config import BuildConfig
+from searchr1.logs import setup_logging
+from searchr1.settings import load_settings
+from stack.demo import DemoConfig, build_policy, plot, summarize, summary_row, write_rows
+from stack.demo_cli import print_demo_summary
+from stack.demo_warmstart import WarmStartConfig
+from stack.demo_world import generate_world, write_world
+from trainer.config import TrainerSettings
+
 log = logging.getLogger("searchr1.demo.containers")
 
 STARTED = "started.json"  # in the runs volume: when setup began (the demo's wall_s counts from it)
 
 
-def _settings():  # type: ignore[no-untyped-def]
-    from orchestrator.config import OrchestratorSettings
-    from searchr1.settings import load_settings
-
+def _settings() -> OrchestratorSettings:
     return load_settings(OrchestratorSettings, os.environ.get("SEARCHR1_CONFIG"))
 
 
 def _trainer_backend() -> str:
-    from searchr1.settings import load_settings
-    from trainer.config import TrainerSettings
-
     return load_settings(TrainerSettings, os.environ.get("SEARCHR1_CONFIG")).trainer.backend.value
 
 
 def setup(runs: Path, data: Path, index: Path, model: Path, seed: int) -> None:
     """World, train/test rows, MiniLM index and the warm-started policy, into the volumes."""
-    from retriever.build import BuildConfig, build_index
-    from stack.demo import DemoConfig, build_policy, write_rows
-    from stack.demo_warmstart import WarmStartConfig
-    from stack.demo_world import generate_world, write_world
-
     (runs / STARTED).write_text(json.dumps({"time": time.time(), "seed": seed}) + "\n")
     # Demonstrations show as many documents per search as the rollouts will get.
     topk = _settings().orchestrator.search.topk
@@ -66,11 +68,6 @@ def setup(runs: Path, data: Path, index: Path, model: Path, seed: int) -> None:
 def report(runs: Path, test_rows: Path) -> dict[str, float]:
     """Evaluate the engine (holding the trainer's last push) on the held-out rows; print the
     demo's table and last line. Fails unless the engine serves the final step's weights."""
-    from orchestrator.data import load_prompts
-    from orchestrator.wiring import evaluate_served
-    from stack.cli import print_demo_summary
-    from stack.demo import plot, summarize, summary_row
-
     cfg = _settings()
     prompts = load_prompts(test_rows)
     after = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
@@ -104,8 +101,6 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--runs", type=Path, default=Path("/runs"))
     r.add_argument("--data", type=Path, default=Path("/data/test.jsonl"))
     args = p.parse_args(argv)
-    from searchr1.logs import setup_logging
-
     setup_logging("demo", "INFO", json_format=False)  # as `searchr1 demo`: phases, steps, losses
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per evaluation request
     if args.command == "setup":

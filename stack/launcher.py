@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.live import Live
@@ -21,10 +25,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from searchr1.redis_server import RedisServer
-from searchr1.supervisor import ServiceSpec, Supervisor
+from searchr1.supervisor import ChildFailed, ServiceSpec, Supervisor
 from stack.config import StackConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # service -> (sub-command, may exit 0 when its job is done, its exit ends the run)
 _COMMANDS = {
@@ -157,3 +162,21 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
         sup.stop()
         if redis is not None:
             redis.stop()
+
+
+def run_supervised(fn: Callable[[], T]) -> T:
+    """Run a job that starts service processes. SIGTERM takes Ctrl-C's path, so every `finally`
+    stops its children (no orphans): exit 130; a dead child: its report, exit 1."""
+
+    def on_sigterm(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return fn()
+    except ChildFailed as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
+        raise typer.Exit(130) from None

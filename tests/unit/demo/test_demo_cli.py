@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from stack import cli
+from stack import cli, demo_cli
 from stack.config import load_config
 from stack.demo import DemoConfig, write_stack_config
 
@@ -44,7 +44,7 @@ def test_unknown_trainer_backend_exits_2(tmp_path: Path) -> None:
 def test_megatron_without_megatron_core_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "_importable", lambda module: module != "megatron.core")
+    monkeypatch.setattr(demo_cli, "_importable", lambda module: module != "megatron.core")
     result = CliRunner().invoke(
         cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "megatron"]
     )
@@ -53,13 +53,13 @@ def test_megatron_without_megatron_core_exits_2(
 
 
 def test_importable_with_a_missing_parent_package() -> None:
-    assert cli._importable("json")
-    assert not cli._importable("no_such_package_here.core")
+    assert demo_cli._importable("json")
+    assert not demo_cli._importable("no_such_package_here.core")
 
 
 def test_last_line_names_engine_and_trainer_backend(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cli.print_demo_summary({"em_before": 0.1, "em_after": 0.5}, tmp_path, "torch", "megatron")
+    demo_cli.print_demo_summary({"em_before": 0.1, "em_after": 0.5}, tmp_path, "torch", "megatron")
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "em_before=0.100 em_after=0.500 engine=torch trainer_backend=megatron"

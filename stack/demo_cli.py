@@ -1,0 +1,105 @@
+"""`searchr1 demo`: the command, its checks and the demo's summary table and last line."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from searchr1.logs import setup_logging
+from stack.demo import DemoConfig, run_demo
+from stack.launcher import run_supervised
+from trainer.config import BackendKind
+
+
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="Where every artifact of the run goes."),
+    seed: int = typer.Option(0, help="Seed of the world, the model and the training."),
+    steps: int = typer.Option(30, min=1, help="GRPO steps."),
+    quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
+    engine: str = typer.Option(
+        "torch", help="Inference service: torch (our reference engine) or sglang (real SGLang)."
+    ),
+    sglang_python: str | None = typer.Option(
+        None,
+        envvar="SEARCHR1_SGLANG_PYTHON",
+        help="SGLang's interpreter for --engine sglang (`python3 dev.py demo --engine sglang` "
+        "builds .venv-sglang and sets it).",
+    ),
+    trainer_backend: str = typer.Option(
+        "hf",
+        help="Trainer backend (trainer.backend): hf (Hugging Face model) or megatron "
+        "(Megatron-Core, the `megatron` extra; one process on CPU).",
+    ),
+) -> None:
+    """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
+    if engine not in ("torch", "sglang"):
+        typer.secho(f"error: --engine must be torch or sglang (got {engine!r})", err=True)
+        raise typer.Exit(2)
+    if engine == "sglang" and not (sglang_python and Path(sglang_python).exists()):
+        typer.secho(
+            "error: --engine sglang needs --sglang-python (SGLang's interpreter; "
+            "`python3 dev.py demo --engine sglang` builds one)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    _check_trainer_backend(trainer_backend)
+    setup_logging("demo", "INFO", json_format=False)
+    chosen = {"engine": engine, "sglang_python": sglang_python, "trainer_backend": trainer_backend}
+    cfg = (
+        DemoConfig.quick_mode(out, seed, **chosen)
+        if quick
+        else DemoConfig(out, seed, rl_steps=steps, **chosen)
+    )
+    result = run_supervised(lambda: run_demo(cfg))
+    print_demo_summary(result, out, engine, trainer_backend)
+
+
+def _check_trainer_backend(name: str) -> None:
+    """Exit 2 on an unknown backend, or on megatron without megatron-core installed (the
+    trainer would otherwise fail minutes later, after the warm start)."""
+    if name not in {b.value for b in BackendKind}:
+        choices = " or ".join(b.value for b in BackendKind)
+        typer.secho(f"error: --trainer-backend must be {choices} (got {name!r})", err=True)
+        raise typer.Exit(2)
+    if name == BackendKind.MEGATRON and not _importable("megatron.core"):
+        typer.secho(
+            "error: --trainer-backend megatron needs megatron-core: "
+            "pip install -e '.[megatron]' (or searchr1[megatron])",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
+
+
+def print_demo_summary(
+    result: dict[str, float], out: Path, engine: str, trainer_backend: str
+) -> None:
+    """The demo's before/after table and its last line of key=value pairs (also printed by the
+    compose `cpu` profile's demo-report container)."""
+    table = Table(title="held-out set: before vs after RL")
+    for col in ("metric", "warm start", "after GRPO"):
+        table.add_column(col)
+    for key, label in (
+        ("em", "exact match"),
+        ("sub_em", "sub-EM"),
+        ("searches_per_question", "searches / question"),
+        ("response_length", "response tokens"),
+    ):
+        before = result.get(f"{key}_before", float("nan"))
+        after = result.get(key if key == "searches_per_question" else f"{key}_after", float("nan"))
+        table.add_row(label, f"{before:.3f}", f"{after:.3f}")
+    Console().print(table)
+    typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
+    typer.echo(f"see the rollouts and curves: searchr1 inspect {out}")
+    pairs = " ".join(f"{k}={v:.3f}" for k, v in result.items())
+    typer.echo(f"{pairs} engine={engine} trainer_backend={trainer_backend}")
