@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from inference.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
 from orchestrator.config import RolloutConfig, TurnSemantics
 from orchestrator.hooks import load_hook
@@ -54,16 +55,10 @@ class EngineDown(RuntimeError):
 
 def _engine_unavailable(exc: BaseException) -> bool:
     """Worth waiting for: the engine is restarting, overloaded or unreachable."""
-    if isinstance(exc, ConnectionError | OSError | TimeoutError):
-        return True
-    from inference.client import InferenceUnavailable
-
-    return isinstance(exc, InferenceUnavailable)
+    return isinstance(exc, ConnectionError | OSError | TimeoutError | InferenceUnavailable)
 
 
 def _engine_bad_request(exc: BaseException) -> bool:
-    from inference.client import InferenceBadRequest
-
     return isinstance(exc, InferenceBadRequest)
 
 
@@ -267,8 +262,3 @@ class Rollout:
             turn.doc_ids = [str(d.id) for d in outcome.docs]
             body = format_docs(outcome.docs)
         return tokenize_observation(self.tokenizer, body, self.cfg.observation_max_tokens)
-
-
-async def run_group(rollout: Rollout, samples: list[Sample]) -> list[Sample]:
-    """All samples of a group concurrently, each in its own loop (no barrier between turns)."""
-    return list(await asyncio.gather(*(rollout.run_sample(s) for s in samples)))

@@ -22,7 +22,7 @@ from orchestrator import metrics
 from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchConfig
 from orchestrator.observation import OBS_PREFIX, OBS_SUFFIX
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
-from orchestrator.rollout import Rollout, run_group
+from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
@@ -112,7 +112,7 @@ async def run_one(rollout: Rollout, prompt: Prompt, group_size: int = 1) -> list
     ids = prompt_token_ids(rollout.tokenizer, prompt.messages)
     group = new_group(prompt, ids, group_size=group_size, rollout_step=0, run_id="it")
     try:
-        return await run_group(rollout, group)
+        return list(await asyncio.gather(*(rollout.run_sample(s) for s in group)))
     finally:
         await rollout.generator.aclose()
         await rollout.search_tool.client.aclose()

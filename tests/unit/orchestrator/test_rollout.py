@@ -11,7 +11,7 @@ from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchCon
 from orchestrator.metrics import step_summary
 from orchestrator.observation import observation_text
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
-from orchestrator.rollout import Rollout, run_group
+from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Status, new_group
 from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
@@ -209,7 +209,7 @@ async def test_observation_truncated_keeps_tags(tokenizer) -> None:  # type: ign
 
 async def test_group_and_trajectory(tokenizer) -> None:  # type: ignore[no-untyped-def]
     _, rollout, group = make(tokenizer, [TURN1, TURN2], group_size=3)
-    await run_group(rollout, group)
+    await asyncio.gather(*(rollout.run_sample(s) for s in group))
     assert [s.trajectory_id for s in group] == [f"r/3/nq/train/0/{i}" for i in range(3)]
     traj = decode(encode(to_trajectory(group[1])))
     assert traj.group_size == 3 and traj.sample_index == 1
