@@ -96,11 +96,11 @@ def make_backend(name: str, cfg, args: argparse.Namespace):  # type: ignore[no-u
     info = DistInfo(0, 1, 0, dev)
     hf = model(args.hidden, args.layers, args.vocab)
     if name == "megatron":
-        from trainer.megatron.backend import MegatronBackend
+        from trainer.backends.megatron.backend import MegatronBackend
 
         state = {k: v.clone() for k, v in hf.state_dict().items()}
         return MegatronBackend(state, hf.config, cfg, info)
-    from trainer.hf_backend import HFBackend
+    from trainer.backends.hf import HFBackend
 
     return HFBackend(hf, cfg, info)
 
@@ -179,9 +179,9 @@ async def push_seconds(args: argparse.Namespace, tmp: Path) -> tuple[float, int]
     from inference.tiny_model import make_tiny_model
     from searchr1.redis_server import free_port
     from tests.support.inference_server import InferenceServerProcess
+    from trainer.backends.hf import HFBackend, load_hf_model
     from trainer.config import LossConfig, ModelConfig, TrainerConfig, WeightPushConfig
     from trainer.dist import DistInfo
-    from trainer.hf_backend import HFBackend, load_hf_model
     from trainer.weights import WeightPusher
 
     model_dir = make_tiny_model(tmp / "model", hidden_size=args.hidden, num_layers=args.layers)

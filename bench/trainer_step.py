@@ -107,14 +107,14 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
     hf = hf_model(args.shape, dev)
     hf_cfg = hf.config
     if name == "megatron":
-        from trainer.megatron.backend import MegatronBackend
+        from trainer.backends.megatron.backend import MegatronBackend
 
         state = dict(hf.state_dict())
         del hf
         backend = MegatronBackend(state, hf_cfg, cfg, info)
         del state
     else:
-        from trainer.hf_backend import HFBackend
+        from trainer.backends.hf import HFBackend
 
         backend = HFBackend(hf, cfg, info)
         del hf

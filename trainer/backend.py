@@ -4,7 +4,8 @@ The core (`trainer.step`) owns every decision of the algorithm: advantages, whic
 are needed, TIS weights, loss weights, mini- and micro-batch plans, the loss itself. A backend
 runs forwards and backwards over the core's packed micro-batches (`trainer.batching`), steps
 its optimizer and holds the weights. The Hugging Face / PyTorch (FSDP2) backend is
-`trainer.hf_backend.HFBackend`; a Megatron-Core backend implements the same interface.
+`trainer.backends.hf.HFBackend`; the Megatron-Core one is `trainer.backends.megatron` (chosen
+by `trainer.backends.registry`).
 """
 
 from __future__ import annotations

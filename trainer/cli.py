@@ -33,10 +33,10 @@ def _backend(section: TrainerConfig, info: DistInfo) -> TrainerBackend:
     from trainer.config import BackendKind
 
     if section.backend == BackendKind.MEGATRON:
-        from trainer.megatron.backend import load_megatron_backend
+        from trainer.backends.megatron.backend import load_megatron_backend
 
         return load_megatron_backend(section, info)
-    from trainer.hf_backend import HFBackend, load_hf_model
+    from trainer.backends.hf import HFBackend, load_hf_model
 
     return HFBackend(load_hf_model(section), section, info)
 

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
-from trainer.megatron.config import MegatronConfig
+from trainer.backends.megatron.config import MegatronConfig
 
 
 class AdvantageConfig(Section):

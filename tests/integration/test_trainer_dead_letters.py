@@ -18,9 +18,9 @@ from searchr1.redis_server import RedisServer
 from searchr1.sections import BusConfig, RunConfig
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer import loop as loop_module
+from trainer.backends.hf import HFBackend
 from trainer.config import BatchConfig, CheckpointConfig, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend
 from trainer.loop import TrainingLoop
 
 CPU = DistInfo(0, 1, 0, torch.device("cpu"))

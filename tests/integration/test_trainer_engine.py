@@ -20,6 +20,7 @@ from searchr1.redis_server import free_port
 from searchr1.sections import RunConfig
 from tests.support.inference_server import InferenceServerProcess
 from trainer.backend import Policy
+from trainer.backends.hf import HFBackend, load_hf_model
 from trainer.config import (
     LossConfig,
     ModelConfig,
@@ -28,7 +29,6 @@ from trainer.config import (
     WeightPushConfig,
 )
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend, load_hf_model
 from trainer.step import build_sequences, sequence_logprobs, train_on
 from trainer.weights import WeightPusher
 

@@ -34,7 +34,7 @@ def config() -> TrainerConfig:
 
 
 def train(info) -> tuple[dict[str, torch.Tensor] | None, list[dict[str, float]]]:  # type: ignore[no-untyped-def]
-    from trainer.hf_backend import HFBackend
+    from trainer.backends.hf import HFBackend
     from trainer.step import train_on
 
     cfg = config()
@@ -55,9 +55,9 @@ def _failure(proc: subprocess.CompletedProcess[str]) -> str:
 def resume_diff(info, ckpt_dir: Path) -> float | None:  # type: ignore[no-untyped-def]
     """Sharded checkpoint round trip: save after 2 steps, load into a scrambled model, take a
     third step on both; max |difference| of the full parameters (main rank)."""
+    from trainer.backends.hf import HFBackend
     from trainer.checkpoint import CheckpointManager, TrainerState
     from trainer.config import CheckpointConfig
-    from trainer.hf_backend import HFBackend
     from trainer.step import train_on
 
     cfg = config()
@@ -135,8 +135,8 @@ def test_two_rank_trainer_run_from_the_bus(tmp_path, redis_server, tiny_model_di
     import yaml
 
     from tests.integration.test_trainer_loop import bus_counts, publish, trajectories
+    from trainer.backends.hf import HFBackend, load_hf_model
     from trainer.dist import DistInfo
-    from trainer.hf_backend import HFBackend, load_hf_model
     from trainer.step import train_on
 
     trajs = trajectories(range(3))

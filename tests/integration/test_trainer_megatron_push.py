@@ -33,9 +33,9 @@ async def greedy(url: str) -> list[tuple[list[int], list[float]]]:
 
 @pytest.mark.slow
 async def test_megatron_push_equals_hf_push(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from trainer.backends.hf import HFBackend, load_hf_model
     from trainer.config import TrainerConfig, WeightPushConfig
     from trainer.dist import DistInfo
-    from trainer.hf_backend import HFBackend, load_hf_model
     from trainer.weights import WeightPusher
 
     with InferenceServerProcess(tiny_model_dir) as server:

@@ -9,9 +9,9 @@ from torch import nn
 
 from tests.unit.trainer.conftest import tiny_qwen2
 from trainer.attention import varlen_causal_attention
+from trainer.backends.hf import HFBackend
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 SMALL = {
@@ -75,7 +75,7 @@ def test_loading_a_softcapped_model_names_the_field(tmp_path) -> None:  # type: 
     # hide the varlen refusal behind that error.
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from trainer.hf_backend import load_hf_model
+    from trainer.backends.hf import load_hf_model
 
     Gemma2ForCausalLM(Gemma2Config(**SMALL)).save_pretrained(tmp_path)
     cfg = TrainerConfig(model=ModelConfig(path=str(tmp_path)))

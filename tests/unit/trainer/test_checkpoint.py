@@ -11,10 +11,10 @@ import torch
 
 from searchr1.bus import Receipt
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
+from trainer.backends.hf import HFBackend
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import CheckpointConfig, LossConfig, OptimConfig, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend
 from trainer.step import train_on
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from stack.cli import app
 from tests.unit.trainer.conftest import make_batch
+from trainer.backends.hf import HFBackend, load_hf_model
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend, load_hf_model
 from trainer.step import train_on
 
 

@@ -11,9 +11,9 @@ import torch
 
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.backend import Policy
+from trainer.backends.hf import HFBackend
 from trainer.config import BatchConfig, LossConfig, OptimConfig, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend
 from trainer.step import build_sequences, sequence_logprobs, train_on
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

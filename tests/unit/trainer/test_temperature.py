@@ -12,10 +12,10 @@ import torch
 
 from tests.unit.trainer.conftest import make_trajectory, tiny_qwen2
 from trainer.backend import Policy
+from trainer.backends.hf import HFBackend
 from trainer.batching import TrainSequence, build_microbatch, sequence_from_trajectory
 from trainer.config import BatchConfig, LossConfig, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.hf_backend import HFBackend
 from trainer.losses import entropy_from_logits
 from trainer.step import rank_microbatches, sequence_logprobs
 

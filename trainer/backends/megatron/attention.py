@@ -8,7 +8,7 @@ instead, as the HF backend's `varlen` does (`trainer/attention.py`): O(sum of L_
 flash kernel on CUDA (`shape_free_sdpa`: no per-shape planning for each new length).
 
 The model's `attention_mask` argument carries the sequence lengths
-(`trainer.megatron.parallel.segment_lengths`), a small
+(`trainer.backends.megatron.parallel.segment_lengths`), a small
 CPU tensor: Megatron passes it unchanged to every layer's core attention, on every pipeline
 stage and through activation recompute (it is an argument, not module state).
 """

@@ -21,16 +21,16 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
+from trainer.backends.megatron import convert, cpu
+from trainer.backends.megatron.config import check_layout
+from trainer.backends.megatron.logprobs import vocab_parallel_logprobs
+from trainer.backends.megatron.model import ModelShape, build_gpt, padded_vocab, shape_from_hf
+from trainer.backends.megatron.model import transformer_config as make_config
+from trainer.backends.megatron.parallel import Layout, init_parallel, kept_rows, segment_lengths
+from trainer.backends.megatron.weights import gather_hf, load_full
 from trainer.batching import MicroBatch
 from trainer.config import DType, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo
-from trainer.megatron import convert, cpu
-from trainer.megatron.config import check_layout
-from trainer.megatron.logprobs import vocab_parallel_logprobs
-from trainer.megatron.model import ModelShape, build_gpt, padded_vocab, shape_from_hf
-from trainer.megatron.model import transformer_config as make_config
-from trainer.megatron.parallel import Layout, init_parallel, kept_rows, segment_lengths
-from trainer.megatron.weights import gather_hf, load_full
 
 T = TypeVar("T")
 
@@ -311,27 +311,27 @@ class MegatronBackend(TrainerBackend):
         return write_hf_dir(tensors, self.hf_config, Path(out_dir), self.cfg.model.path)
 
     def full_state(self) -> dict[str, Any]:
-        from trainer.megatron.checkpoint import full_state
+        from trainer.backends.megatron.checkpoint import full_state
 
         return full_state(self)
 
     def load_full_state(self, state: dict[str, Any] | None) -> None:
-        from trainer.megatron.checkpoint import load_full_state
+        from trainer.backends.megatron.checkpoint import load_full_state
 
         load_full_state(self, state)
 
-    # Checkpoints: every rank writes its own shards (trainer/megatron/sharded.py).
+    # Checkpoints: every rank writes its own shards (trainer/backends/megatron/sharded.py).
     sharded_checkpoints = True
 
     def save_shards(self, directory: Path) -> dict[str, Any]:
-        from trainer.megatron.sharded import save_shards
+        from trainer.backends.megatron.sharded import save_shards
 
         return save_shards(self, directory)
 
     def load_shards(
         self, directory: Path | None, state: dict[str, Any] | None, *, weights_only: bool = False
     ) -> None:
-        from trainer.megatron.sharded import load_shards
+        from trainer.backends.megatron.sharded import load_shards
 
         load_shards(self, directory, state, weights_only=weights_only)
 

@@ -20,15 +20,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer.backends.megatron import convert
+from trainer.backends.megatron.model import ModelShape
+from trainer.backends.megatron.parallel import Layout
+from trainer.backends.megatron.weights import gather_full, layer_offset, load_full
 from trainer.config import TrainerConfig
-from trainer.megatron import convert
-from trainer.megatron.model import ModelShape
-from trainer.megatron.parallel import Layout
-from trainer.megatron.weights import gather_full, layer_offset, load_full
 
 
 class MegatronBackend(Protocol):
-    """What this module reads and sets of `trainer.megatron.backend.MegatronBackend`."""
+    """What this module reads and sets of `trainer.backends.megatron.backend.MegatronBackend`."""
 
     cfg: TrainerConfig
     rank: int

@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from trainer.megatron.model import ModelShape
+from trainer.backends.megatron.model import ModelShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 

@@ -173,7 +173,7 @@ def build_gpt(shape: ModelShape, config: Any, *, vocab: int, pre: bool, post: bo
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from trainer.megatron.attention import SegmentAttention
+    from trainer.backends.megatron.attention import SegmentAttention
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     # Per-sequence attention of packed rows (the local spec has no packed path of its own).

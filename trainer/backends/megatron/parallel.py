@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.backends.megatron.config import MegatronConfig
 from trainer.batching import MicroBatch
 from trainer.dist import DistInfo
-from trainer.megatron.config import MegatronConfig
 
 
 @dataclass(frozen=True)

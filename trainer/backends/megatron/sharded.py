@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.megatron import convert
-from trainer.megatron.checkpoint import MegatronBackend, local_state, owner
-from trainer.megatron.model import ModelShape
-from trainer.megatron.parallel import Layout
-from trainer.megatron.weights import layer_offset
+from trainer.backends.megatron import convert
+from trainer.backends.megatron.checkpoint import MegatronBackend, local_state, owner
+from trainer.backends.megatron.model import ModelShape
+from trainer.backends.megatron.parallel import Layout
+from trainer.backends.megatron.weights import layer_offset
 from trainer.shards import Block, ShardReader, write_index, write_rank
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.megatron import convert
-from trainer.megatron.model import ModelShape
-from trainer.megatron.parallel import Layout
+from trainer.backends.megatron import convert
+from trainer.backends.megatron.model import ModelShape
+from trainer.backends.megatron.parallel import Layout
 
 
 def layer_offset(shape: ModelShape, layout: Layout) -> int:

@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from tests.unit.trainer.conftest import make_batch
 from tests.unit.trainer.megatron.worker import DEVICE, hf_reference, tiny
 from trainer.backend import Policy
+from trainer.backends.megatron.backend import MegatronBackend
 from trainer.batching import build_microbatch, sequence_from_trajectory
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
-from trainer.megatron.backend import MegatronBackend
 from trainer.step import train_on
 
 

@@ -17,10 +17,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from tests.unit.trainer.conftest import make_batch
+from trainer.backends.megatron.backend import load_megatron_backend
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
-from trainer.megatron.backend import load_megatron_backend
 from trainer.step import train_on
 
 

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from searchr1.bus import Receipt
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
+from trainer.backends.megatron import sharded
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo
-from trainer.megatron import sharded
 from trainer.step import train_on
 
 RECEIPTS = [Receipt("1-0", "g0-s0"), Receipt("1-1", "g0-s1")]
@@ -50,7 +50,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def main() -> None:
     from safetensors.torch import load_file, save_file
 
-    from trainer.megatron.backend import MegatronBackend
+    from trainer.backends.megatron.backend import MegatronBackend
 
     mode, tp, pp, ckpt, ref = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

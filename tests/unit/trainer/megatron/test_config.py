@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from trainer.backends.megatron.config import MegatronConfig, check_layout
 from trainer.config import BackendKind, TrainerConfig
-from trainer.megatron.config import MegatronConfig, check_layout
 
 
 def test_section_parses_and_defaults() -> None:

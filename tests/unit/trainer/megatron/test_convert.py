@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.unit.trainer.conftest import tiny_qwen2
-from trainer.megatron import convert
-from trainer.megatron.model import padded_vocab, shape_from_hf
+from trainer.backends.megatron import convert
+from trainer.backends.megatron.model import padded_vocab, shape_from_hf
 
 
 def _model(tied: bool):  # type: ignore[no-untyped-def]

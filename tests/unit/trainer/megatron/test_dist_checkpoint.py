@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from tests.support.torchrun import torchrun, torchrun_env
-from trainer.megatron import convert
-from trainer.megatron.model import ModelShape, padded_vocab
-from trainer.megatron.parallel import Layout
-from trainer.megatron.sharded import blocks, placement
+from trainer.backends.megatron import convert
+from trainer.backends.megatron.model import ModelShape, padded_vocab
+from trainer.backends.megatron.parallel import Layout
+from trainer.backends.megatron.sharded import blocks, placement
 
 pytest.importorskip("megatron.core")
 

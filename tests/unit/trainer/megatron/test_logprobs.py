@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from trainer.megatron.logprobs import vocab_parallel_logprobs
+from trainer.backends.megatron.logprobs import vocab_parallel_logprobs
 
 
 def test_matches_log_softmax_with_temperature_and_padding() -> None:

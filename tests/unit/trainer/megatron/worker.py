@@ -58,7 +58,7 @@ def hf_reference(model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor]]: 
 
 def recompute() -> None:
     """`trainer.model.gradient_checkpointing` (Megatron's full recompute) changes no gradient."""
-    from trainer.megatron.backend import MegatronBackend
+    from trainer.backends.megatron.backend import MegatronBackend
 
     hf = tiny(False)
     seqs = [sequence_from_trajectory(t)[0] for t in make_batch(1, 3, seed=1)]
@@ -83,8 +83,8 @@ def recompute() -> None:
 def main() -> None:
     tp, pp, tied, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    from trainer.hf_backend import HFBackend
-    from trainer.megatron.backend import MegatronBackend
+    from trainer.backends.hf import HFBackend
+    from trainer.backends.megatron.backend import MegatronBackend
 
     cfg = TrainerConfig(
         backend="megatron",
