@@ -132,7 +132,8 @@ class RunResult:
 
 def build_world(cfg: ChaosConfig) -> tuple[DemoConfig, Path, Path, dict[str, Path]]:
     """The demo's world, rows, index and warm start under `out_dir` (reused if there)."""
-    from retriever.build import BuildConfig, build_index
+    from retriever.build import build_index
+    from retriever.config import BuildConfig
 
     out = cfg.out_dir
     demo = DemoConfig.quick_mode(out, cfg.seed) if cfg.quick else DemoConfig(out, cfg.seed)

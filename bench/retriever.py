@@ -62,7 +62,8 @@ from tests.support import synthetic  # noqa: E402
 
 
 def build_cached(args: argparse.Namespace) -> Path:
-    from retriever.build import BuildConfig, build_index
+    from retriever.build import build_index
+    from retriever.config import BuildConfig
 
     key = f"rows{args.rows}-words{args.words}-len{args.max_length}"
     out = Path(args.cache_dir) / key

@@ -1,9 +1,9 @@
 """Index building: corpus JSONL in, self-describing index directory out (see manifest.py).
 
-`build_index(corpus_jsonl, out_dir, BuildConfig(...))` is the Python API behind
-`searchr1 retriever build`. Dense builds stream the corpus in chunks (encode, add to faiss), so
-memory holds one chunk of text plus the index; `faiss_index=` imports an existing Search-R1
-index (e.g. `e5_Flat.index` for `wiki-18.jsonl`) without re-encoding anything.
+`build_index(corpus_jsonl, out_dir, BuildConfig(...))` (`BuildConfig` in `retriever.config`) is
+the Python API behind `searchr1 retriever build`. Dense builds stream the corpus in chunks
+(encode, add to faiss), so memory holds one chunk of text plus the index; `faiss_index=` imports
+an existing Search-R1 index (e.g. `e5_Flat.index` for `wiki-18.jsonl`) without re-encoding.
 """
 
 from __future__ import annotations
@@ -13,45 +13,18 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import Field
 
+from retriever.backends.bm25 import Bm25Index
+from retriever.config import BuildConfig
 from retriever.corpus import CorpusStore
 from retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSpec, resolve_model_path
-from retriever.manifest import Bm25Manifest, DenseManifest, Manifest, write_manifest
-from searchr1.sections import Section
+from retriever.manifest import DenseManifest, Manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
 _CHUNK_ROWS = 8192
-
-
-class BuildConfig(Section):
-    backend: Literal["dense", "bm25", "hybrid"] = "dense"
-    # Dense: encoder and e5 conventions (recorded in the manifest for query encoding).
-    encoder: str | None = Field(default=None, description="HF encoder dir; default: PyPI MiniLM")
-    query_prefix: str = "query: "
-    passage_prefix: str = "passage: "
-    pooling: Literal["mean", "cls"] = "mean"
-    normalize: bool = True
-    max_length: int = Field(default=256, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    device: str = "auto"
-    index_type: Literal["Flat", "HNSW", "IVF"] = "Flat"
-    hnsw_m: int = Field(default=32, ge=2)
-    hnsw_ef_construction: int = Field(default=200, ge=1)
-    ivf_nlist: int | None = Field(default=None, ge=1, description="default ~4*sqrt(rows)")
-    ivf_train_size: int = Field(default=100_000, ge=1)
-    faiss_index: str | None = Field(
-        default=None, description="Import this existing faiss index instead of encoding."
-    )
-    # Corpus: copied into the directory (self-contained) or referenced by absolute path.
-    copy_corpus: bool = True
-    # BM25.
-    bm25: Bm25Manifest = Field(default_factory=Bm25Manifest)
-    progress: bool = True
 
 
 def _new_faiss_index(cfg: BuildConfig, dim: int, rows: int):  # type: ignore[no-untyped-def]
@@ -154,8 +127,6 @@ def build_index(
             dense = _build_dense(corpus, cfg, out)
         if cfg.backend in ("bm25", "hybrid"):
             texts = [corpus.row(i)["contents"] for i in range(rows)]
-            from retriever.backends.bm25 import Bm25Index
-
             Bm25Index.build(texts, out / cfg.bm25.dir, cfg.bm25)
             bm25 = cfg.bm25
     finally:

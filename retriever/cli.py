@@ -50,7 +50,8 @@ def build(
     """Build an index directory (dense faiss / BM25 / both) from a Search-R1 corpus JSONL."""
     from pydantic import ValidationError
 
-    from retriever.build import BuildConfig, build_index
+    from retriever.build import build_index
+    from retriever.config import BuildConfig
     from searchr1.logs import setup_logging
     from searchr1.settings import format_validation_error
 

@@ -1,8 +1,9 @@
 """Configuration of the retriever service (its section of the stack config file).
 
-Index *build* parameters live in the index directory's manifest (see `build.py`); this section
-holds what the serving process decides: listeners, request limits, batching, cache, and the
-run-time knobs of each backend. The serper API key is a secret: env `SERPER_API_KEY` only.
+`RetrieverConfig` holds what the serving process decides: listeners, request limits, batching,
+cache, and the run-time knobs of each backend. The serper API key is a secret: env
+`SERPER_API_KEY` only. `BuildConfig` holds what `searchr1 retriever build` decides; those
+choices are recorded in the index directory's manifest (`manifest.py`), which `serve` reads.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ class RerankConfig(Section):
     max_length: int = Field(default=512, ge=8)
 
 
+# The backends `retriever.backend` may name: the keys of `retriever.backends.BACKENDS` (a test
+# checks both agree); pydantic rejects any other name as a ConfigError naming the field.
+BackendName = Literal["index", "web"]
+
+
 class RetrieverConfig(Section):
     http: RetrieverHttpConfig = Field(default_factory=RetrieverHttpConfig)
     grpc_port: int | None = Field(
@@ -133,7 +139,7 @@ class RetrieverConfig(Section):
     index_dir: str | None = Field(
         default=None, description="Index directory from `searchr1 retriever build` (or --index)."
     )
-    backend: Literal["index", "web"] = Field(
+    backend: BackendName = Field(
         default="index", description="index: the built index (dense/bm25); web: serper.dev."
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -155,3 +161,42 @@ class RetrieverSettings(ServiceSettings):
     """What `searchr1 retriever ...` loads: the shared sections plus `retriever`."""
 
     retriever: RetrieverConfig = RetrieverConfig()
+
+
+class Bm25Manifest(Section):
+    """BM25 parameters: chosen at build time (`BuildConfig.bm25`), recorded in the manifest."""
+
+    dir: str = "bm25"
+    method: str = "lucene"
+    k1: float = 0.9
+    b: float = 0.4
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+
+
+class BuildConfig(Section):
+    """`searchr1 retriever build`: what goes into an index directory (`build.build_index`)."""
+
+    backend: Literal["dense", "bm25", "hybrid"] = "dense"
+    # Dense: encoder and e5 conventions (recorded in the manifest for query encoding).
+    encoder: str | None = Field(default=None, description="HF encoder dir; default: PyPI MiniLM")
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    max_length: int = Field(default=256, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    device: str = "auto"
+    index_type: Literal["Flat", "HNSW", "IVF"] = "Flat"
+    hnsw_m: int = Field(default=32, ge=2)
+    hnsw_ef_construction: int = Field(default=200, ge=1)
+    ivf_nlist: int | None = Field(default=None, ge=1, description="default ~4*sqrt(rows)")
+    ivf_train_size: int = Field(default=100_000, ge=1)
+    faiss_index: str | None = Field(
+        default=None, description="Import this existing faiss index instead of encoding."
+    )
+    # Corpus: copied into the directory (self-contained) or referenced by absolute path.
+    copy_corpus: bool = True
+    # BM25.
+    bm25: Bm25Manifest = Field(default_factory=Bm25Manifest)
+    progress: bool = True

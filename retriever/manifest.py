@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from retriever.config import Bm25Manifest
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
@@ -36,15 +38,6 @@ class DenseManifest(_Model):
     index_file: str
     metric: Literal["ip", "l2"] = "ip"
     build_params: dict[str, Any] = Field(default_factory=dict)
-
-
-class Bm25Manifest(_Model):
-    dir: str = "bm25"
-    method: str = "lucene"
-    k1: float = 0.9
-    b: float = 0.4
-    stemmer: str | None = "english"
-    stopwords: str | None = "en"
 
 
 class Manifest(_Model):

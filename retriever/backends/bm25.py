@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from retriever.backends.base import Hit
+from retriever.config import Bm25Manifest
 from retriever.corpus import CorpusStore
-from retriever.manifest import Bm25Manifest
 
 
 def _stemmer(name: str | None):  # type: ignore[no-untyped-def]

@@ -7,8 +7,8 @@ import httpx
 import pytest
 import Stemmer
 
-from retriever.build import BuildConfig, build_index
-from retriever.config import RetrieverConfig
+from retriever.build import build_index
+from retriever.config import BuildConfig, RetrieverConfig
 from retriever.engine import RetrieverEngine
 from tests.support import synthetic
 from tests.support.retriever_server import RetrieverProcess

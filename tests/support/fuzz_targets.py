@@ -49,7 +49,8 @@ class Target:
 
 
 def _retriever(stack: ExitStack, workdir: Path) -> Target:
-    from retriever.build import BuildConfig, build_index
+    from retriever.build import build_index
+    from retriever.config import BuildConfig
     from tests.support import synthetic
 
     corpus = synthetic.write_corpus(workdir / "corpus.jsonl", 200, seed=2, words=25)

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from retriever.backends import load_backend
-from retriever.build import BuildConfig, build_index
-from retriever.config import RetrieverConfig
+from retriever.build import build_index
+from retriever.config import BuildConfig, RetrieverConfig
 from retriever.encoder import default_encoder_path
 from tests.support import synthetic
 
