@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import replace
@@ -30,6 +29,7 @@ from orchestrator import metrics
 from orchestrator.config import Mode, OrchestratorConfig, StalePolicy
 from orchestrator.data import PromptSampler
 from orchestrator.evaluate import evaluate
+from orchestrator.markers import RunMarkers, check_same_run, run_record
 from orchestrator.partition import StepClaims
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
@@ -67,10 +67,6 @@ def step_groups(run_id: str, step: int, batch: list[Prompt]) -> dict[str, Prompt
             p = replace(prompt, prompt_id=f"{prompt.prompt_id}#{n}")
         groups[f"{run_id}/{step}/{p.prompt_id}"] = p
     return groups
-
-
-class RunIdInUse(RuntimeError):
-    """`run.id` names a run in Redis that this one must not silently continue."""
 
 
 class WeightsNotPushed(RuntimeError):
@@ -115,6 +111,7 @@ class Orchestrator:
         # one by one: a sample that finishes frees its place at once, not when its whole group
         # does (counted in groups, a process ran ~60% of its cap: groups wait on their slowest).
         self._finished_early = 0  # finished samples of groups still held
+        self.markers = RunMarkers(bus.redis, self.prefix, self.redis_retry)
         self.claims = StepClaims(
             bus.redis,
             self.prefix,
@@ -124,28 +121,11 @@ class Orchestrator:
             room=self._room,
         )
 
-    # -- state in Redis ---------------------------------------------------------------------
-
-    # Every call is retried while Redis is down (RedisRetry): a blip must not kill the process
-    # with every in-flight sample. All of them are idempotent, so a retry is harmless.
-
-    def run_record(self) -> dict[str, Any]:
-        """What makes a run this run: a restart with the same values continues it."""
-        d = self.cfg.data
-        return {
-            "train_path": d.train_path,
-            "max_prompts": d.max_prompts,
-            "seed": d.seed,
-            "shuffle": d.shuffle,
-            "epochs": self.cfg.epochs,
-            "groups_per_step": self.run_cfg.groups_per_step,
-            "group_size": self.run_cfg.group_size,
-        }
+    # -- the run's markers in Redis (orchestrator.markers) ------------------------------------
 
     async def forget(self) -> None:
-        """Delete this run id's markers (`--fresh`): the next start is a new run."""
-        keys = [f"{self.prefix}:{k}" for k in ("base_version", "step", "published", "record")]
-        await self.redis_retry.call("forget", lambda: self.bus.redis.delete(*keys))
+        """Delete this run id's markers and claims (`--fresh`): the next start is a new run."""
+        await self.markers.forget()
         await self.claims.forget()
         log.warning("forgot the run's markers", extra={"run_id": self.run_cfg.id})
 
@@ -154,61 +134,12 @@ class Orchestrator:
 
         Raises RunIdInUse for a run id that belongs to another run (other data or batch sizes)
         or that has nothing left to roll out (`last_step` reached: a new run reusing the id)."""
-        r = self.bus.redis
-        version = await self.engine_version()
-        record = json.dumps(self.run_record(), sort_keys=True)
-
-        async def read() -> tuple[Any, Any, Any]:
-            await r.set(f"{self.prefix}:base_version", version, nx=True)
-            await r.set(f"{self.prefix}:record", record, nx=True)
-            return (
-                await r.get(f"{self.prefix}:base_version"),
-                await r.get(f"{self.prefix}:step"),
-                await r.get(f"{self.prefix}:record"),
-            )
-
-        base, step, stored = await self.redis_retry.call("restore", read)
-        self.base_version, self.step = int(base), int(step or 0)
-        how = "set a new run.id, or pass --fresh to forget the old run's markers"
-        if stored is not None and json.loads(stored) != json.loads(record):
-            old = json.loads(stored)
-            diff = ", ".join(
-                f"{k}: {old.get(k)!r} -> {v!r}"
-                for k, v in self.run_record().items()
-                if old.get(k) != v
-            )
-            raise RunIdInUse(
-                f"run.id {self.run_cfg.id!r} is a run with other settings ({diff}): {how}"
-            )
-        if last_step is not None and self.step >= last_step:
-            raise RunIdInUse(
-                f"run.id {self.run_cfg.id!r} has already rolled out all its {self.step} steps "
-                f"(a new run reusing the id would publish nothing): {how}"
-            )
+        record = run_record(self.cfg, self.run_cfg)
+        base, step, stored = await self.markers.restore(await self.engine_version(), record)
+        self.base_version, self.step = base, step
+        check_same_run(self.run_cfg.id, record, stored, step, last_step)
         if self.step:
             log.info("resuming", extra={"step": self.step, "base_version": self.base_version})
-
-    async def _published(self, group_id: str) -> bool:
-        key = f"{self.prefix}:published"
-        return bool(
-            await self.redis_retry.call(
-                "published", lambda: self.bus.redis.sismember(key, group_id)
-            )
-        )
-
-    async def _mark_published(self, group_id: str) -> None:
-        key = f"{self.prefix}:published"
-        await self.redis_retry.call("mark_published", lambda: self.bus.redis.sadd(key, group_id))
-
-    async def published_count(self) -> int:
-        key = f"{self.prefix}:published"
-        return int(
-            await self.redis_retry.call("published_count", lambda: self.bus.redis.scard(key))
-        )
-
-    async def _save_step(self, step: int) -> None:
-        key = f"{self.prefix}:step"
-        await self.redis_retry.call("save_step", lambda: self.bus.redis.set(key, step))
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -228,7 +159,7 @@ class Orchestrator:
         Bounded by `weight_wait_s`: past it no trainer is pushing (it stopped, or its own push
         deadline gave up), and waiting on in silence would hide that; the error makes the
         service exit 1 with /ready red, which the supervisor or Kubernetes reports and restarts."""
-        need = self.required_version(await self.published_count())
+        need = self.required_version(await self.markers.published_count())
         start = time.monotonic()
         logged = False
         served: int | str = "nothing (unreachable)"
@@ -275,7 +206,7 @@ class Orchestrator:
                 await self.maybe_validate()
                 await self.run_step(self.step)
                 self.step += 1
-                await self._save_step(self.step)
+                await self.markers.save_step(self.step)
                 metrics.STEP.set(self.step)
             await self.maybe_validate(final=True)
         finally:
@@ -321,7 +252,7 @@ class Orchestrator:
 
     async def _run_group(self, step: int, prompt: Prompt) -> list[Sample]:
         group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
-        if await self._published(group_id):
+        if await self.markers.published(group_id):
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
             return []
@@ -364,7 +295,7 @@ class Orchestrator:
                 return group
             metrics.STALE_REGENERATED.inc()
         await self.bus.publish([to_trajectory(s) for s in group])
-        await self._mark_published(group_id)
+        await self.markers.mark_published(group_id)
         metrics.GROUPS_PUBLISHED.inc()
         return group
 

@@ -12,7 +12,8 @@ A killed process's groups are claimed again by the others once their deadline pa
 by the process itself when it restarts under the same worker id; the
 regenerated group carries the same trajectory ids (`run/step/prompt/sample`), so a copy the dead
 process published just before dying is dropped by the bus as a duplicate, and the published-set
-check (`Orchestrator._published`) skips the group entirely when its marker was written.
+check (`orchestrator.markers.RunMarkers.published`) skips the group entirely when its marker was
+written.
 
 Keys (under the run's prefix): `claims:<step>` (sorted set), `owners:<step>` (hash: group id ->
 worker id), `seeded:<step>` (the step's set was filled once; an empty set then means done).

@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from orchestrator.config import OrchestratorConfig
-from orchestrator.loop import Orchestrator, RunIdInUse
+from orchestrator.loop import Orchestrator
+from orchestrator.markers import RunIdInUse
 from orchestrator.wiring import Clients, build_orchestrator, make_clients
 from searchr1.sections import BusConfig, RunConfig
 from searchr1.service import create_service_app, uvicorn_server

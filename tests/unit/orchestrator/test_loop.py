@@ -10,6 +10,7 @@ from orchestrator import metrics
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, row_to_prompt
 from orchestrator.loop import Orchestrator, WeightsNotPushed
+from orchestrator.markers import RunIdInUse
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status
@@ -197,7 +198,7 @@ async def test_sync_mode_dropped_group_does_not_deadlock(tokenizer, bus) -> None
     # runs at the same version instead of waiting forever for one the trainer cannot make.
     await asyncio.wait_for(orch.run(), 10)
     assert metrics.GROUPS_SKIPPED.labels("error")._value.get() == before + 1
-    assert await orch.published_count() == 3
+    assert await orch.markers.published_count() == 3
 
 
 class RestartingEngine(ScriptedEngine):
@@ -237,8 +238,6 @@ async def test_a_new_run_refuses_an_existing_run_id(tokenizer, bus) -> None:  # 
     """A finished run's markers made a new run with the same run.id publish nothing (every
     group "already published") while its trainer waited forever; a run with other data or
     batch sizes mixed into the old one's markers. Both are refused; a crash restart resumes."""
-    from orchestrator.loop import RunIdInUse
-
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
     await build(tokenizer, bus, engine, mode="async", max_steps=1).run()
     # The same run, restarted with one more step (a crash restart or a longer run): resumes.

@@ -57,9 +57,9 @@ async def test_state_calls_wait_out_a_redis_restart(tokenizer, bus, redis_server
     orch = build(tokenizer, bus, engine, mode="async")
     await through_restart(redis_server, orch.restore)
     assert orch.base_version == 3 and orch.step == 0
-    await through_restart(redis_server, lambda: orch._mark_published("run/0/p"))
-    assert await through_restart(redis_server, lambda: orch._published("run/0/p"))
-    assert await through_restart(redis_server, orch.published_count) == 1
+    await through_restart(redis_server, lambda: orch.markers.mark_published("run/0/p"))
+    assert await through_restart(redis_server, lambda: orch.markers.published("run/0/p"))
+    assert await through_restart(redis_server, orch.markers.published_count) == 1
     # The data survived every restart (AOF): a second restore sees the same base version.
     engine.weight_version = 9
     await through_restart(redis_server, orch.restore)
@@ -103,7 +103,7 @@ async def test_a_run_survives_redis_restarts_mid_step(tokenizer, bus, redis_serv
     await asyncio.wait_for(run, 60)
     await asyncio.gather(*outages)
     assert orch.step == 2
-    assert await orch.published_count() == 4
+    assert await orch.markers.published_count() == 4
     got = await drain(bus)
     ids = [d.trajectory.trajectory_id for d in got]
     assert len(ids) == len(set(ids)) == 8  # every group once, none lost in the outages
@@ -118,7 +118,7 @@ async def test_past_the_deadline_the_error_is_raised(tokenizer, redis_server) ->
     before = retries("orchestrator")
     try:
         with pytest.raises(Exception, match="unreachable") as raised:
-            await orch.published_count()
+            await orch.markers.published_count()
         from searchr1.redis_retry import RedisUnavailable
 
         assert isinstance(raised.value, RedisUnavailable)
