@@ -12,7 +12,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from retriever.backends import AsyncBackend, BackendUnavailable, BatchBackend, Hit, load_backend
+from retriever.backends import AsyncBackend, BackendUnavailable, BatchBackend, Hit
+from retriever.backends.registry import load_backend
 from retriever.batcher import MicroBatcher, Overloaded
 from retriever.cache import ResultCache, normalize_query
 from retriever.config import LimitsConfig, RetrieverConfig

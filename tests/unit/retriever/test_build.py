@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from retriever.backends import load_index_backend
+from retriever.backends.registry import load_index_backend
 from retriever.build import build_index
 from retriever.config import BuildConfig, RetrieverConfig
 from retriever.encoder import DEFAULT_ENCODER, default_encoder_path, resolve_model_path

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from retriever.backends import load_backend
+from retriever.backends.registry import load_backend
 from retriever.config import DenseConfig, RetrieverConfig
 from retriever.encoder import Encoder, EncoderProcess
 from retriever.engine import RetrieverEngine

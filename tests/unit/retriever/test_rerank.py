@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-from retriever.backends import load_backend
+from retriever.backends.registry import load_backend
 from retriever.build import build_index
 from retriever.config import BuildConfig, RetrieverConfig
 from retriever.encoder import default_encoder_path
