@@ -1,6 +1,8 @@
-"""`searchr1 orchestrator ...`, `searchr1 data ...` and `searchr1 eval`: CLI wiring.
+"""`searchr1 orchestrator ...`, `searchr1 data ...` and `searchr1 eval`: the commands.
 
-Heavy imports (transformers, pyarrow) happen inside the commands so `--help` stays fast.
+Each checks what it can without the other services, then hands over to `orchestrator.wiring`
+(`serve` for the service, `evaluate_served` for eval). transformers and pyarrow load inside
+the functions that use them, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -8,16 +10,25 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from orchestrator.config import OrchestratorSettings
+from orchestrator.data import (
+    DataError,
+    PromptSampler,
+    load_prompts,
+    prepare_rows,
+    validation_subset,
+    write_parquet,
+)
+from orchestrator.evaluate import format_table
+from orchestrator.hooks import HookError, load_hook
+from orchestrator.sample import Prompt
+from orchestrator.scoring import Scorer
+from orchestrator.wiring import evaluate_served, serve
 from searchr1.cli_common import ConfigOption, add_show_config, start_service
-
-if TYPE_CHECKING:
-    from orchestrator.config import OrchestratorSettings
-    from orchestrator.sample import Prompt
 
 app = typer.Typer(
     help="Multi-turn search rollouts, rewards, and the trajectory stream into Redis.",
@@ -36,8 +47,6 @@ def check_enough_data(cfg: OrchestratorSettings, prompts: list[Prompt]) -> None:
 
     Otherwise the orchestrator finishes its data and the trainer waits for groups forever.
     """
-    from orchestrator.data import DataError, PromptSampler
-
     orch, run = cfg.orchestrator, cfg.run
     if run.max_steps is None:
         return
@@ -73,11 +82,6 @@ def run(
 
     A restart continues the run named by `run.id`; a run id that belongs to a finished run or
     to other data/batch sizes is refused (exit 1) unless `--fresh`."""
-    from orchestrator.data import DataError, load_prompts
-    from orchestrator.hooks import HookError
-    from orchestrator.scoring import Scorer
-    from orchestrator.server import serve
-
     cfg = start_service("orchestrator", OrchestratorSettings, config)
     orch = cfg.orchestrator
     if port is not None:
@@ -95,8 +99,6 @@ def run(
         if orch.data.val_path:
             load_prompts(orch.data.val_path)
         if orch.rollout.custom_generate:
-            from orchestrator.hooks import load_hook
-
             load_hook(
                 orch.rollout.custom_generate,
                 field="rollout.custom_generate",
@@ -120,8 +122,6 @@ def prepare(
     ] = None,
 ) -> None:
     """Convert local FlashRAG-style QA files into Search-R1 rows with the exact prompt."""
-    from orchestrator.data import DataError, prepare_rows, write_parquet
-
     names = [d.strip() for d in datasets.split(",") if d.strip()]
     if not names:
         raise _fail("--datasets is empty")
@@ -150,11 +150,6 @@ def eval_command(
     config: ConfigOption = None,
 ) -> None:
     """Greedy rollouts; prints EM / sub-EM / F1 per data source (and writes JSON)."""
-    from orchestrator.data import DataError, load_prompts, validation_subset
-    from orchestrator.evaluate import format_table
-    from orchestrator.hooks import HookError
-    from orchestrator.wiring import evaluate_served
-
     cfg = start_service("orchestrator", OrchestratorSettings, config)
     orch = cfg.orchestrator
     try:

@@ -1,7 +1,6 @@
-"""Orchestrator wiring: clients from config, a Rollout over the live engine, the Orchestrator.
-
-What both the service (`orchestrator.server`) and the evaluation commands (`searchr1 eval`,
-the demo) build on; the HTTP layer lives in `server.py`.
+"""Orchestrator wiring: clients from config, a Rollout over the live engine, the Orchestrator,
+and the two ways to run them: `serve` (the service: the HTTP app of `server.py` beside
+`Orchestrator.run`) and `evaluate_served` (`searchr1 eval`, the demo: `evaluate`).
 """
 
 from __future__ import annotations
@@ -14,25 +13,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.client import InferenceClient
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
 from orchestrator.evaluate import evaluate
 from orchestrator.loop import Orchestrator
+from orchestrator.markers import RunIdInUse
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
+from orchestrator.server import LoopState, create_app
+from orchestrator.tokenizer import rust_tokenizer
+from retriever.client import RetrieverClient
+from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
+from searchr1.service import uvicorn_server
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Clients:
-    engine: Any  # inference.client.InferenceClient
-    retriever: Any  # retriever.client.RetrieverClient
-    bus: Any  # searchr1.bus.TrajectoryBus
+    engine: InferenceClient
+    retriever: RetrieverClient
+    bus: TrajectoryBus
 
     async def aclose(self) -> None:
         for c in (self.engine, self.retriever):
@@ -43,10 +49,6 @@ class Clients:
 
 
 def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> Clients:
-    from inference.client import InferenceClient
-    from retriever.client import RetrieverClient
-    from searchr1.bus import TrajectoryBus
-
     # One connection per sample waiting on the engine (+ the weight polls) and per search in
     # flight, on aiohttp pools called directly (searchr1.json_http): httpcore's pool scans every
     # connection on every request (15 ms of CPU per request at 512 connections), and httpx's
@@ -68,7 +70,7 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
     )
 
 
-async def wait_for_engine(engine: Any, timeout_s: float) -> dict[str, Any]:
+async def wait_for_engine(engine: InferenceClient, timeout_s: float) -> dict[str, Any]:
     """The engine's model info, waiting (with a log line, once) while it starts."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -102,8 +104,6 @@ def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[
 def load_tokenizer(path: str) -> Any:
     """The model's tokenizer; encode/decode on its Rust backend (`orchestrator.tokenizer`)."""
     from transformers import AutoTokenizer
-
-    from orchestrator.tokenizer import rust_tokenizer
 
     return rust_tokenizer(AutoTokenizer.from_pretrained(path))
 
@@ -172,6 +172,49 @@ async def build_orchestrator(
         bus=clients.bus,
         sampler=sampler,
     )
+
+
+async def serve(
+    cfg: OrchestratorConfig,
+    run: RunConfig,
+    redis_url: str,
+    bus_cfg: BusConfig,
+    *,
+    fresh: bool = False,
+) -> int:
+    """The service: `Orchestrator.run` with the HTTP endpoints beside it (up while the loop is
+    built: /ready says why it is not running yet); exit status 0 when all steps are done."""
+    clients = make_clients(cfg, redis_url, bus_cfg)
+    state = LoopState()
+    ui = cfg.rollout_log.run_dir if cfg.ui else None
+    app = create_app(clients.engine, clients.retriever, clients.bus, state, ui_run_dir=ui)
+    server = uvicorn_server(app, cfg.http)
+
+    async def loop() -> None:
+        try:
+            orch = await build_orchestrator(cfg, run, clients)
+            state.orchestrator = orch
+            await orch.run(fresh=fresh)
+            state.done = True
+        except RunIdInUse as e:  # a usage error: the message says what to do
+            state.error = str(e)
+            log.error(str(e))
+        except Exception as e:
+            state.error = f"{type(e).__name__}: {e}"
+            log.exception("rollout loop failed")
+        finally:
+            server.should_exit = True
+
+    try:
+        task = asyncio.create_task(loop())
+        await server.serve()
+        if not task.done():  # SIGTERM: stop rolling out; unpublished groups are redone later
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await clients.aclose()
+    return 1 if state.error else 0
 
 
 async def evaluate_served(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,8 +12,9 @@ from fastapi.testclient import TestClient
 from inspector.rundir import Ref, RunDir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.rollout import Rollout
+from orchestrator.rollout_log import RolloutLog
 from orchestrator.search import SearchTool
-from orchestrator.server import create_app
+from orchestrator.server import LoopState, create_app
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine
@@ -44,8 +46,6 @@ async def test_loop_logs_steps_and_validations(tokenizer, bus, tmp_path: Path) -
         data={"val_path": "unused.jsonl"},
         rollout_log={"run_dir": str(tmp_path), "groups_per_step": 1},
     )
-    from orchestrator.rollout_log import RolloutLog
-
     orch.rollout_log = RolloutLog(orch.cfg.rollout_log, tokenizer)
     await orch.run()
 
@@ -74,11 +74,12 @@ def test_ui_needs_a_run_dir() -> None:
 
 def test_inspector_mounted_at_ui(tmp_path: Path) -> None:
     (tmp_path / "train_metrics.jsonl").write_text(json.dumps({"step": 1, "kl": 0.1}) + "\n")
-    client = TestClient(create_app(None, {}, ui_run_dir=str(tmp_path)))  # type: ignore[arg-type]
+    unused: Any = None  # the pages never touch the clients
+    client = TestClient(create_app(unused, unused, unused, LoopState(), ui_run_dir=str(tmp_path)))
     page = client.get("/ui/")
     assert page.status_code == 200 and 'href="/ui/trajectories"' in page.text
     assert client.get("/ui/static/uPlot.iife.min.js").status_code == 200
     assert client.get("/ui/api/curves").json()["last_step"] == 1
     assert client.get("/ui/").status_code == 200
-    without = TestClient(create_app(None, {}))  # type: ignore[arg-type]
+    without = TestClient(create_app(unused, unused, unused, LoopState()))
     assert without.get("/ui/").status_code == 404
