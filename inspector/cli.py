@@ -7,6 +7,11 @@ from typing import Annotated
 
 import typer
 
+from inspector.config import InspectorConfig, InspectorHttpConfig
+from inspector.server import create_app
+from searchr1.logs import setup_logging
+from searchr1.service import run_http
+
 
 def inspect_command(
     run_dir: Annotated[
@@ -18,11 +23,6 @@ def inspect_command(
     ] = "127.0.0.1",
 ) -> None:
     """A web page over a run: curves, steps, rollouts with their loss masks, comparisons."""
-    from inspector.config import InspectorConfig, InspectorHttpConfig
-    from inspector.server import create_app
-    from searchr1.logs import setup_logging
-    from searchr1.service import run_http
-
     if not run_dir.is_dir():
         typer.secho(f"error: {run_dir} is not a directory", err=True, fg=typer.colors.RED)
         raise typer.Exit(2)

@@ -36,6 +36,7 @@ from tenacity import (
 
 from orchestrator import metrics
 from orchestrator.config import SearchConfig
+from retriever.client import RetrieverBadRequest
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ class SearchOutcome:
 def _is_retryable(exc: BaseException) -> bool:
     # Bad requests (4xx other than 429) fail the same way every time; everything else
     # (timeouts, refused connections, 5xx, 429) may be a restarting or overloaded retriever.
-    from retriever.client import RetrieverBadRequest
-
     return not isinstance(exc, RetrieverBadRequest)
 
 
