@@ -17,6 +17,6 @@ class InspectorConfig(Section):
         default=5.0, gt=0, description="The overview re-reads the curves this often (live run)."
     )
     page_size: int = Field(default=500, ge=1, description="Trajectories listed per page.")
-    metrics_file: str = Field(
+    metrics_file: str = Field(  # searchr1.rundir.TRAIN_METRICS, spelled here: configs are leaves
         default="train_metrics.jsonl", description="The trainer's metrics_jsonl, in the run dir."
     )

@@ -1,11 +1,5 @@
-"""Reading a run directory: what the trainer, the orchestrator's rollout log and the demo wrote.
-
-    <run>/train_metrics.jsonl            trainer: one line per training step (from step 1)
-    <run>/rollouts/steps.jsonl           orchestrator: one line per rollout step (from step 0)
-    <run>/rollouts/train/step-*.parquet  orchestrator: the logged samples of each step
-    <run>/rollouts/evals.jsonl           held-out evaluations (scores)
-    <run>/rollouts/eval/<id>.parquet     their samples
-    <run>/*.yaml, eval_*.json            the stack config; the demo's evaluation summaries
+"""Reading a run directory: what the trainer, the orchestrator's rollout log and the demo wrote
+(the layout and the columns are the contract in `searchr1.rundir`).
 
 Everything is read lazily and cached by file size and mtime, so a page of a live run costs
 only what changed since the last one: JSON lines are read from where the last read stopped,
@@ -23,32 +17,19 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-ROLLOUTS = "rollouts"
-# Columns of the trajectory list (small; the token arrays are read for one trajectory only).
-SUMMARY_COLUMNS = [
-    "kind",
-    "step",
-    "eval_id",
-    "logged_reason",
-    "trajectory_id",
-    "group_id",
-    "sample_index",
-    "prompt_id",
-    "data_source",
-    "question",
-    "reward",
-    "finish_reason",
-    "num_searches",
-    "num_invalid",
-    "num_tool_errors",
-    "response_len",
-    "error",
-    "infrastructure_failure",
-    "extracted_answer",
-    "gold_answers",
-    "reward_components",
-    "weight_version",
-]
+from searchr1.rundir import (
+    CONFIGS,
+    EVAL,
+    EVAL_SUMMARIES,
+    KINDS,
+    METRICS_TRAJECTORY_IDS,
+    SUMMARY_COLUMNS,
+    TRAIN,
+    TRAIN_METRICS,
+    Col,
+    RunLayout,
+    step_stem,
+)
 
 
 class JsonlTail:
@@ -106,7 +87,7 @@ class Ref:
     def parse(cls, text: str) -> Ref | None:
         kind, _, rest = text.partition("/")
         stem, _, tid = rest.partition("/")
-        if kind not in ("train", "eval") or not stem or not tid or "." in stem:
+        if kind not in KINDS or not stem or not tid or "." in stem:
             return None
         return cls(kind, stem, tid)
 
@@ -114,13 +95,14 @@ class Ref:
 class RunDir:
     """The run directory's contents as plain Python data (no HTTP here)."""
 
-    def __init__(self, path: Path, metrics_file: str = "train_metrics.jsonl") -> None:
+    def __init__(self, path: Path, metrics_file: str = TRAIN_METRICS) -> None:
         self.path = Path(path)
-        self.rollouts = self.path / ROLLOUTS
+        self.layout = RunLayout(self.path)
+        self.rollouts = self.layout.rollouts
         # Each line lists every trajectory id it trained on: kept out of memory.
-        self._metrics = JsonlTail(self.path / metrics_file, drop=("trajectory_ids",))
-        self._steps = JsonlTail(self.rollouts / "steps.jsonl")
-        self._evals = JsonlTail(self.rollouts / "evals.jsonl")
+        self._metrics = JsonlTail(self.path / metrics_file, drop=(METRICS_TRAJECTORY_IDS,))
+        self._steps = JsonlTail(self.layout.steps)
+        self._evals = JsonlTail(self.layout.evals)
         self._summaries: dict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
@@ -138,7 +120,7 @@ class RunDir:
         if logged:
             return logged
         out = []
-        for f in sorted(self.path.glob("eval_*.json"), key=lambda p: p.stat().st_mtime):
+        for f in sorted(self.path.glob(EVAL_SUMMARIES), key=lambda p: p.stat().st_mtime):
             try:
                 data = json.loads(f.read_text())
             except ValueError:
@@ -147,7 +129,7 @@ class RunDir:
         return out
 
     def config_text(self) -> str:
-        parts = [f"# {f.name}\n{f.read_text()}" for f in sorted(self.path.glob("*.yaml"))]
+        parts = [f"# {f.name}\n{f.read_text()}" for f in sorted(self.path.glob(CONFIGS))]
         return "\n".join(parts)
 
     def step_record(self, step: int) -> dict[str, Any] | None:
@@ -158,7 +140,7 @@ class RunDir:
     def _file(self, kind: str, stem: str) -> Path:
         if "/" in stem or stem.startswith("."):
             raise ValueError(f"not a file of the rollout log: {stem!r}")
-        return self.rollouts / kind / f"{stem}.parquet"
+        return self.layout.parquet(kind, stem)
 
     def _summary(self, path: Path) -> list[dict[str, Any]]:
         """The list columns of one file, cached by (size, mtime)."""
@@ -171,17 +153,17 @@ class RunDir:
             cached = self._summaries.get(path)
         if cached and cached[0] == key:
             return cached[1]
-        rows = pq.read_table(path, columns=SUMMARY_COLUMNS).to_pylist()
+        rows = pq.read_table(path, columns=list(SUMMARY_COLUMNS)).to_pylist()
         kind, stem = path.parent.name, path.stem
         for row in rows:
-            row["ref"] = str(Ref(kind, stem, row["trajectory_id"]))
-            row["reward_components"] = dict(row["reward_components"] or [])
+            row["ref"] = str(Ref(kind, stem, row[Col.TRAJECTORY_ID]))
+            row[Col.REWARD_COMPONENTS] = dict(row[Col.REWARD_COMPONENTS] or [])
         with self._lock:
             self._summaries[path] = (key, rows)
         return rows
 
     def files(self, kind: str | None = None) -> list[Path]:
-        kinds = [kind] if kind else ["train", "eval"]
+        kinds = [kind] if kind else list(KINDS)
         return [f for k in kinds for f in sorted((self.rollouts / k).glob("*.parquet"))]
 
     def trajectories(
@@ -195,24 +177,25 @@ class RunDir:
         """Summary rows of logged trajectories; `text` searches the question and the response
         (case-insensitive), reading only the files that still match."""
         if eval_id:
-            files = [self._file("eval", eval_id)]
-        elif step is not None and kind != "eval":
-            files = [self._file("train", f"step-{step:06d}")]
+            files = [self._file(EVAL, eval_id)]
+        elif step is not None and kind != EVAL:
+            files = [self._file(TRAIN, step_stem(step))]
         else:
             files = self.files(kind)
         out = []
         for f in files:
             rows = self._summary(f)
             if step is not None:
-                rows = [r for r in rows if r["step"] == step]
+                rows = [r for r in rows if r[Col.STEP] == step]
             if text:
-                table = pq.read_table(f, columns=["trajectory_id", "question", "response_text"])
+                columns = [Col.TRAJECTORY_ID, Col.QUESTION, Col.RESPONSE_TEXT]
+                table = pq.read_table(f, columns=columns)
                 hit = pc.or_(
-                    pc.match_substring(table["question"], text, ignore_case=True),
-                    pc.match_substring(table["response_text"], text, ignore_case=True),
+                    pc.match_substring(table[Col.QUESTION], text, ignore_case=True),
+                    pc.match_substring(table[Col.RESPONSE_TEXT], text, ignore_case=True),
                 )
-                ids = set(table.filter(hit)["trajectory_id"].to_pylist())
-                rows = [r for r in rows if r["trajectory_id"] in ids]
+                ids = set(table.filter(hit)[Col.TRAJECTORY_ID].to_pylist())
+                rows = [r for r in rows if r[Col.TRAJECTORY_ID] in ids]
             out += rows
         return out
 
@@ -220,13 +203,13 @@ class RunDir:
         path = self._file(ref.kind, ref.stem)
         if not path.exists():
             return None
-        table = pq.read_table(path, filters=[("trajectory_id", "=", ref.trajectory_id)])
+        table = pq.read_table(path, filters=[(Col.TRAJECTORY_ID, "=", ref.trajectory_id)])
         if not table.num_rows:
             return None
         row = table.slice(0, 1).to_pylist()[0]
         row["ref"] = str(ref)
-        row["reward_components"] = dict(row["reward_components"] or [])
+        row[Col.REWARD_COMPONENTS] = dict(row[Col.REWARD_COMPONENTS] or [])
         return row
 
     def eval_rows(self, eval_id: str) -> list[dict[str, Any]]:
-        return self._summary(self._file("eval", eval_id))
+        return self._summary(self._file(EVAL, eval_id))

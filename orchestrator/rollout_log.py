@@ -1,6 +1,7 @@
 """The rollout log: a sampled subset of trajectories, as Parquet files in the run directory.
 
-What `searchr1 inspect` reads. Layout under `<run_dir>/rollouts/`:
+What `searchr1 inspect` reads; the file names and the Parquet schema are the run directory's
+contract, `searchr1.rundir`. Layout under `<run_dir>/rollouts/`:
 
     train/step-000012.parquet  the logged samples of one step: `groups_per_step` whole groups
                                plus every failed, truncated or invalid sample (capped). One file
@@ -26,19 +27,17 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from orchestrator.config import RolloutLogConfig
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from orchestrator.sample import Sample
-    from protos.trajectory import Trajectory
+from orchestrator.rewards import extract_answer
+from orchestrator.sample import Sample
+from orchestrator.trajectory import to_trajectory
+from protos.trajectory import FinishReason, Trajectory
+from searchr1.rundir import EVAL, STEP_FILES, TRAIN, Col, RunLayout, rollout_schema
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_DIR = "rollouts"  # under the run directory
 _FAILED = {"error", "aborted"}
 _TRUNCATED = {"truncated", "response_budget", "context_limit", "max_turns"}
 
@@ -49,73 +48,6 @@ class Decoder(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
     def batch_decode(self, sequences: Sequence[Sequence[int]], **kw: Any) -> list[str]: ...
-
-
-def _schema() -> pa.Schema:
-    import pyarrow as pa
-
-    span = pa.struct(
-        [("kind", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("text", pa.string())]
-    )
-    turn = pa.struct(
-        [
-            ("index", pa.int32()),
-            ("action", pa.string()),
-            ("query", pa.string()),
-            ("doc_ids", pa.list_(pa.string())),
-            ("observation", pa.string()),  # the text the tool call appended (its passages)
-            ("tool_latency_s", pa.float64()),
-            ("tool_attempts", pa.int32()),
-            ("error", pa.string()),
-            ("generated_tokens", pa.int32()),
-            ("observation_tokens", pa.int32()),
-            ("generate_latency_s", pa.float64()),
-            ("engine_finish_reason", pa.string()),
-            ("weight_version", pa.int64()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("kind", pa.string()),  # train | eval
-            ("step", pa.int64()),
-            ("eval_id", pa.string()),
-            ("logged_reason", pa.string()),  # group | failed | truncated | invalid | eval
-            ("trajectory_id", pa.string()),
-            ("group_id", pa.string()),
-            ("sample_index", pa.int32()),
-            ("group_size", pa.int32()),
-            ("prompt_id", pa.string()),
-            ("data_source", pa.string()),
-            ("question", pa.string()),
-            ("prompt_token_ids", pa.list_(pa.int32())),
-            ("prompt_text", pa.string()),
-            ("response_token_ids", pa.list_(pa.int32())),
-            ("token_texts", pa.list_(pa.string())),
-            ("response_text", pa.string()),
-            ("loss_mask", pa.binary()),
-            ("rollout_logprobs", pa.list_(pa.float32())),
-            ("has_rollout_logprobs", pa.bool_()),
-            ("tis_weights", pa.list_(pa.float32())),  # null: not computed by the producer
-            ("spans", pa.list_(span)),
-            ("turns", pa.list_(turn)),
-            ("num_searches", pa.int32()),
-            ("num_invalid", pa.int32()),
-            ("num_tool_errors", pa.int32()),
-            ("response_len", pa.int32()),
-            ("reward", pa.float64()),
-            ("reward_components", pa.map_(pa.string(), pa.float64())),
-            ("extracted_answer", pa.string()),
-            ("gold_answers", pa.list_(pa.string())),
-            ("finish_reason", pa.string()),
-            ("error", pa.string()),
-            ("infrastructure_failure", pa.bool_()),
-            ("weight_version", pa.int64()),
-            ("max_weight_version", pa.int64()),
-            ("temperature", pa.float64()),
-            ("created_at", pa.float64()),
-            ("finished_at", pa.float64()),
-        ]
-    )
 
 
 def mask_runs(mask: bytes) -> list[tuple[int, int, int]]:
@@ -146,9 +78,6 @@ def trajectory_row(
     tis_weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """One Parquet row: the trajectory's fields plus the text the inspector shows."""
-    from orchestrator.rewards import extract_answer
-    from protos.trajectory import FinishReason
-
     ids = list(traj.response_token_ids)
     token_texts = tok.batch_decode([[i] for i in ids], skip_special_tokens=False) if ids else []
     response_text = tok.decode(ids, skip_special_tokens=False)
@@ -185,44 +114,44 @@ def trajectory_row(
     ]
     finish = FinishReason.Name(traj.finish_reason).removeprefix("FINISH_REASON_").lower()
     return {
-        "kind": kind,
-        "step": traj.rollout_step,
-        "eval_id": eval_id,
-        "logged_reason": reason,
-        "trajectory_id": traj.trajectory_id,
-        "group_id": traj.group_id,
-        "sample_index": traj.sample_index,
-        "group_size": traj.group_size,
-        "prompt_id": traj.prompt_id,
-        "data_source": traj.data_source,
-        "question": question_of(prompt_text),
-        "prompt_token_ids": list(traj.prompt_token_ids),
-        "prompt_text": prompt_text,
-        "response_token_ids": ids,
-        "token_texts": token_texts,
-        "response_text": response_text,
-        "loss_mask": mask,
-        "rollout_logprobs": list(traj.rollout_logprobs),
-        "has_rollout_logprobs": traj.has_rollout_logprobs,
-        "tis_weights": list(tis_weights) if tis_weights is not None else None,
-        "spans": spans,
-        "turns": turns,
-        "num_searches": sum(t.action == "search" for t in traj.turns),
-        "num_invalid": sum(t.action == "invalid" for t in traj.turns),
-        "num_tool_errors": sum(bool(t.error) for t in traj.turns),
-        "response_len": len(ids),
-        "reward": traj.reward.total,
-        "reward_components": dict(traj.reward.components),
-        "extracted_answer": extract_answer(response_text),
-        "gold_answers": list(traj.gold_answers),
-        "finish_reason": finish,
-        "error": traj.error,
-        "infrastructure_failure": traj.infrastructure_failure,
-        "weight_version": traj.weight_version,
-        "max_weight_version": traj.max_weight_version,
-        "temperature": traj.temperature,
-        "created_at": traj.timings.created_at,
-        "finished_at": traj.timings.finished_at,
+        Col.KIND: kind,
+        Col.STEP: traj.rollout_step,
+        Col.EVAL_ID: eval_id,
+        Col.LOGGED_REASON: reason,
+        Col.TRAJECTORY_ID: traj.trajectory_id,
+        Col.GROUP_ID: traj.group_id,
+        Col.SAMPLE_INDEX: traj.sample_index,
+        Col.GROUP_SIZE: traj.group_size,
+        Col.PROMPT_ID: traj.prompt_id,
+        Col.DATA_SOURCE: traj.data_source,
+        Col.QUESTION: question_of(prompt_text),
+        Col.PROMPT_TOKEN_IDS: list(traj.prompt_token_ids),
+        Col.PROMPT_TEXT: prompt_text,
+        Col.RESPONSE_TOKEN_IDS: ids,
+        Col.TOKEN_TEXTS: token_texts,
+        Col.RESPONSE_TEXT: response_text,
+        Col.LOSS_MASK: mask,
+        Col.ROLLOUT_LOGPROBS: list(traj.rollout_logprobs),
+        Col.HAS_ROLLOUT_LOGPROBS: traj.has_rollout_logprobs,
+        Col.TIS_WEIGHTS: list(tis_weights) if tis_weights is not None else None,
+        Col.SPANS: spans,
+        Col.TURNS: turns,
+        Col.NUM_SEARCHES: sum(t.action == "search" for t in traj.turns),
+        Col.NUM_INVALID: sum(t.action == "invalid" for t in traj.turns),
+        Col.NUM_TOOL_ERRORS: sum(bool(t.error) for t in traj.turns),
+        Col.RESPONSE_LEN: len(ids),
+        Col.REWARD: traj.reward.total,
+        Col.REWARD_COMPONENTS: dict(traj.reward.components),
+        Col.EXTRACTED_ANSWER: extract_answer(response_text),
+        Col.GOLD_ANSWERS: list(traj.gold_answers),
+        Col.FINISH_REASON: finish,
+        Col.ERROR: traj.error,
+        Col.INFRASTRUCTURE_FAILURE: traj.infrastructure_failure,
+        Col.WEIGHT_VERSION: traj.weight_version,
+        Col.MAX_WEIGHT_VERSION: traj.max_weight_version,
+        Col.TEMPERATURE: traj.temperature,
+        Col.CREATED_AT: traj.timings.created_at,
+        Col.FINISHED_AT: traj.timings.finished_at,
     }
 
 
@@ -233,7 +162,7 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), tmp, compression="zstd")
+    pq.write_table(pa.Table.from_pylist(rows, schema=rollout_schema()), tmp, compression="zstd")
     tmp.replace(path)
 
 
@@ -279,7 +208,8 @@ class RolloutLog:
             raise ValueError("rollout_log.run_dir is not set")
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.root = Path(cfg.run_dir) / ROLLOUT_DIR
+        self.layout = RunLayout(Path(cfg.run_dir))
+        self.root = self.layout.rollouts
 
     # -- the async entry points: never raise, never block the event loop ----------------------
 
@@ -305,8 +235,6 @@ class RolloutLog:
     # -- the writers --------------------------------------------------------------------------
 
     def _rows(self, chosen: list[tuple[Sample, str]], kind: str, eval_id: str = "") -> list[dict]:
-        from orchestrator.trajectory import to_trajectory
-
         rows = []
         for s, reason in chosen:
             try:
@@ -322,8 +250,8 @@ class RolloutLog:
     def write_step(self, step: int, samples: list[Sample], summary: dict[str, float]) -> Path:
         failures = self.cfg.max_failures_per_step if self.cfg.log_failures else 0
         chosen = select(samples, self.cfg.groups_per_step, failures)
-        path = self.root / "train" / f"step-{step:06d}.parquet"
-        write_rows(self._rows(chosen, "train"), path)
+        path = self.layout.step_file(step)
+        write_rows(self._rows(chosen, TRAIN), path)
         logged = {s.trajectory_id for s, _ in chosen}
         groups: dict[str, list[Sample]] = {}
         for s in samples:
@@ -349,23 +277,22 @@ class RolloutLog:
                 for gid, g in groups.items()
             ],
         }
-        _append_jsonl(self.root / "steps.jsonl", record)
+        _append_jsonl(self.layout.steps, record)
         self.rotate()
         return path
 
     def write_eval(
         self, samples: list[Sample], result: dict[str, Any], label: str, step: int = -1
     ) -> str:
-        eval_dir = self.root / "eval"
         eval_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
         for n in itertools.count(2):  # two evaluations within a second keep apart
-            if not (eval_dir / f"{eval_id}.parquet").exists():
+            if not self.layout.eval_file(eval_id).exists():
                 break
             eval_id = f"{eval_id.rsplit('~', 1)[0]}~{n}"
-        rows = self._rows([(s, "eval") for s in samples], "eval", eval_id)
+        rows = self._rows([(s, EVAL) for s in samples], EVAL, eval_id)
         for row in rows:
-            row["step"] = step
-        write_rows(rows, eval_dir / f"{eval_id}.parquet")
+            row[Col.STEP] = step
+        write_rows(rows, self.layout.eval_file(eval_id))
         versions = [v for s in samples for v in s.weight_versions]
         record = {
             "eval_id": eval_id,
@@ -375,12 +302,12 @@ class RolloutLog:
             "weight_version": max(versions) if versions else None,
             **{k: result.get(k) for k in ("overall", "macro", "per_source", "seconds")},
         }
-        _append_jsonl(self.root / "evals.jsonl", record)
+        _append_jsonl(self.layout.evals, record)
         return eval_id
 
     def rotate(self) -> None:
         """Delete the oldest step files while train/ is over `max_bytes` (the newest stays)."""
-        files = sorted((self.root / "train").glob("step-*.parquet"))
+        files = sorted((self.root / TRAIN).glob(STEP_FILES))
         total = sum(f.stat().st_size for f in files)
         for f in files[:-1]:
             if total <= self.cfg.max_bytes:

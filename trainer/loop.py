@@ -27,6 +27,7 @@ from typing import Any
 
 from protos.trajectory import Trajectory, decode, encode
 from searchr1.bus import Delivery, Receipt, TrajectoryBus
+from searchr1.rundir import METRICS_STEP, METRICS_TRAJECTORY_IDS
 from searchr1.sections import RunConfig
 from trainer.backend import TrainerBackend
 from trainer.checkpoint import CheckpointManager, TrainerState
@@ -401,8 +402,8 @@ class TrainingLoop:
         if self.info.rank != 0:
             return
         record_step(step, metrics)
-        record: dict[str, Any] = {"step": step, **metrics}
-        record["trajectory_ids"] = [t.trajectory_id for t in trajs]
+        record: dict[str, Any] = {METRICS_STEP: step, **metrics}  # the run dir's metrics file
+        record[METRICS_TRAJECTORY_IDS] = [t.trajectory_id for t in trajs]
         self.jsonl.write(record)
         self.sinks.write(step, metrics)
         log.info(

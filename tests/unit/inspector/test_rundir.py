@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from inspector import views
+from inspector.config import InspectorConfig
 from inspector.rundir import JsonlTail, Ref, RunDir
+from searchr1.rundir import SUMMARY_COLUMNS, TRAIN_METRICS, rollout_schema
 from tests.support.inspector_run import build_run
 
 
@@ -17,6 +19,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
     path = tmp_path_factory.mktemp("run")
     build_run(path, steps=5, groups=2, group_size=4)
     return RunDir(path)
+
+
+def test_the_reader_reads_the_contract() -> None:
+    """The inspector's defaults are `searchr1.rundir`'s (its leaf config spells the file name)."""
+    assert InspectorConfig().metrics_file == TRAIN_METRICS
+    assert set(SUMMARY_COLUMNS) <= set(rollout_schema().names)
 
 
 def test_jsonl_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:

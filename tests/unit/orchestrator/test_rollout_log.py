@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.config import RolloutLogConfig
 from orchestrator.rollout_log import RolloutLog, mask_runs, question_of, select
+from searchr1.rundir import TRAIN, Col, RunLayout, rollout_schema
 from tests.support.inspector_run import WordTokenizer, build_run, make_group
 
 
@@ -67,6 +68,16 @@ def test_step_file_rows_match_trajectories(tmp_path) -> None:  # type: ignore[no
     assert record["summary"] == {"reward_mean": 0.5}
     assert [g["logged"] for g in record["groups"]] == [[0, 1, 2, 3], [2, 3], [2, 3]]
     assert [len(g["rewards"]) for g in record["groups"]] == [4, 4, 4]
+
+
+def test_rows_are_the_run_directory_contract(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every column of `searchr1.rundir` in every row, written where the layout says."""
+    tok, samples = _samples(groups=1)
+    log = RolloutLog(RolloutLogConfig(run_dir=str(tmp_path)), tok)
+    assert all(list(row) == list(Col) for row in log._rows([(s, "group") for s in samples], TRAIN))
+    path = log.write_step(0, samples, {})
+    assert path == RunLayout(tmp_path).step_file(0)
+    assert pq.read_schema(path).remove_metadata().equals(rollout_schema())
 
 
 def test_rotation_keeps_newest_within_bound(tmp_path) -> None:  # type: ignore[no-untyped-def]
