@@ -67,7 +67,7 @@ RAW_ROUNDS = 8
 RAW_RECEIVER = """
 import sys, torch
 from safetensors.torch import load_file
-from inference.weight_group import destroy_weight_group, new_weight_group
+from searchr1.weightsync.group import destroy_weight_group, new_weight_group
 import torch.distributed as dist
 port, path = int(sys.argv[1]), sys.argv[2]
 bufs = [torch.empty_like(t) for t in load_file(path).values()]
@@ -88,7 +88,7 @@ def raw_broadcast(path: Path) -> tuple[int, float]:
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from inference.weight_group import destroy_weight_group, new_weight_group
+    from searchr1.weightsync.group import destroy_weight_group, new_weight_group
 
     tensors = list(load_file(str(path)).values())
     port = free_port()
@@ -126,10 +126,13 @@ def raw_broadcast(path: Path) -> tuple[int, float]:
 async def weight_push(url: str, path: Path, bucket_mb: int) -> tuple[int, float]:
     from safetensors.torch import load_file
 
-    from inference.weight_sync import WeightSender
+    from inference.client import InferenceClient
+    from searchr1.weightsync.sender import WeightSender
 
     named = list(load_file(str(path)).items())
-    sender = WeightSender([url], master_port=free_port(), bucket_bytes=bucket_mb << 20)
+    sender = WeightSender(
+        [InferenceClient(url)], master_port=free_port(), bucket_bytes=bucket_mb << 20
+    )
     await sender.connect()
     try:
         best = None

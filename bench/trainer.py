@@ -13,7 +13,7 @@
    For each backend of `--backends` (`trainer.backend`; megatron: one process, TP = PP = DP =
    1, when megatron-core is installed), on the same model weights and the same batches.
 2. Weight push: a reference inference engine process serving a model of the same shape gets
-   the trainer's weights through `WeightPusher` (gloo, `inference.weight_sync.WeightSender`);
+   the trainer's weights through `WeightPusher` (gloo, `searchr1.weightsync.sender.WeightSender`);
    compared with a raw `torch.distributed.broadcast` of the same number of bytes between two
    processes (the transport's ceiling). CPU only.
 

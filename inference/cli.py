@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from inference.client import InferenceClient, InferenceError
 from inference.config import InferenceSettings
+from inference.tiny_model import make_tiny_model
 from searchr1.cli_common import ConfigOption, add_show_config, start_service
+from searchr1.weightsync.protocol import EngineRefused
 
 app = typer.Typer(
     help="Rollout generation: the SGLang HTTP protocol (SGLang on GPU, a reference engine on CPU).",
@@ -28,8 +34,6 @@ def make_tiny_model_cmd(
     num_layers: Annotated[int, typer.Option(min=1)] = 2,
 ) -> None:
     """Build a tiny random Qwen2 model + BPE tokenizer offline (Hugging Face directory)."""
-    from inference.tiny_model import make_tiny_model
-
     path = make_tiny_model(out_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers)
     typer.echo(str(path))
 
@@ -68,28 +72,21 @@ def serve(
     if not section.model_path:
         typer.secho("error: inference.model_path is not set (--model)", err=True, fg="red")
         raise typer.Exit(2)
-    if section.engine == "sglang":
-        from inference.sglang_launcher import run_sglang
+    if section.engine == "torch":
+        if replicas != 1:
+            typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")
+            raise typer.Exit(2)
+        if not Path(section.model_path).is_dir():
+            typer.secho(
+                f"error: inference.model_path: {section.model_path} is not a directory",
+                err=True,
+                fg="red",
+            )
+            raise typer.Exit(2)
+    # Lazy: the engine loads torch, which `searchr1 --help` and the other commands do not need.
+    from inference import wiring
 
-        token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
-        raise typer.Exit(run_sglang(section, replicas=replicas, admin_token=token))
-    if replicas != 1:
-        typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")
-        raise typer.Exit(2)
-    if not Path(section.model_path).is_dir():
-        typer.secho(
-            f"error: inference.model_path: {section.model_path} is not a directory",
-            err=True,
-            fg="red",
-        )
-        raise typer.Exit(2)
-
-    from inference.engine import TorchEngine
-    from inference.server import create_app
-    from searchr1.service import run_http
-
-    eng = TorchEngine(section.model_path, section.torch_engine)
-    run_http(create_app(eng, admin_token=cfg.admin_token), section.http)
+    raise typer.Exit(wiring.serve(cfg, replicas=replicas))
 
 
 @app.command("push-weights")
@@ -112,17 +109,13 @@ def push_weights(
 
     Prints one JSON line: bytes, seconds, GB/s and the new weight_version.
     """
-    import asyncio
-    import json
-    import os
-
     from safetensors.torch import load_file
 
-    from inference.weight_group import dtype_from_name
-    from inference.weight_sync import WeightSender
+    # Lazy: torch (the broadcast), which `searchr1 --help` and the other commands do not need.
+    from searchr1.weightsync import group, sender
 
     try:
-        engine_dtype = dtype_from_name(dtype) if dtype else None
+        engine_dtype = group.dtype_from_name(dtype) if dtype else None
     except ValueError as e:
         typer.secho(f"error: --dtype: {e}", err=True, fg="red")
         raise typer.Exit(2) from None
@@ -132,22 +125,22 @@ def push_weights(
         raise typer.Exit(2)
 
     async def run() -> dict[str, float]:
-        sender = WeightSender(
-            engine_url,
+        token = os.environ.get("SEARCHR1_ADMIN_TOKEN")
+        ws = sender.WeightSender(
+            [InferenceClient(u, token=token) for u in engine_url],
             master_addr=master_addr,
             master_port=master_port,
             backend=backend,
             group_name=group_name,
             bucket_bytes=bucket_mb << 20,
-            token=os.environ.get("SEARCHR1_ADMIN_TOKEN"),
             dtype=engine_dtype,
         )
         try:
-            await sender.connect()
+            await ws.connect()
             tensors = [item for f in files for item in load_file(str(f)).items()]
-            stats = await sender.push(tensors)
+            stats = await ws.push(tensors)
         finally:
-            await sender.close()
+            await ws.close()
         return {
             "bytes": stats.bytes,
             "seconds": round(stats.seconds, 4),
@@ -155,10 +148,8 @@ def push_weights(
             "weight_version": stats.weight_version,
         }
 
-    from inference.client import InferenceError
-
     try:
         typer.echo(json.dumps(asyncio.run(run())))
-    except InferenceError as e:
+    except (InferenceError, EngineRefused) as e:
         typer.secho(f"error: {e}", err=True, fg="red")
         raise typer.Exit(1) from None

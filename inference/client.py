@@ -22,8 +22,8 @@ from typing import Any, Literal
 import httpx
 from prometheus_client import Counter
 
-from inference.weight_group import Bucket, GroupJoin
 from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, Reply, dumps
+from searchr1.weightsync.protocol import Bucket, EngineRefused, GroupJoin
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,9 @@ class InferenceUnavailable(InferenceError):
     """Connection error, timeout or 5xx, after the client's own retries."""
 
 
-class InferenceBadRequest(InferenceError):
+# Also an `EngineRefused`: the weight sender (in the floor, which cannot import this module)
+# recognises an engine's refusal by that base class.
+class InferenceBadRequest(InferenceError, EngineRefused):
     """A 4xx answer (never retried); `status` is the HTTP status."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -33,8 +33,8 @@ from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
 from inference.requests import CommandResult, GenerateOutput, Request
 from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
-from inference.weight_group import Bucket, GroupJoin
-from inference.weights import WeightLoader
+from searchr1.weightsync.protocol import Bucket, GroupJoin
+from searchr1.weightsync.receiver import WeightLoader
 
 log = logging.getLogger(__name__)
 

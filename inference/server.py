@@ -9,7 +9,7 @@ calls one engine method, and maps ValueError to 400, overload to 429.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -28,8 +28,8 @@ from inference.sampling import (
     SamplingParams,
     check_text,
 )
-from inference.weight_group import Bucket, GroupDestroy, GroupJoin
 from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
+from searchr1.weightsync.protocol import Bucket, GroupDestroy, GroupJoin
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,6 +122,26 @@ def _fail(e: Exception, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": str(e)}, status_code=status)
 
 
+async def _answer(
+    call: Awaitable[T],
+    body: Callable[[T], dict[str, Any]],
+    *,
+    other_errors: int | None = None,
+) -> JSONResponse:
+    """SGLang's answer to an admin call: `{"success": true, **body(result)}`, or
+    `{"success": false, "message"}` with 400 for a ValueError (the engine refused) and with
+    `other_errors` for any other exception (by default those propagate: a 500 with a traceback)."""
+    try:
+        result = await call
+    except ValueError as e:
+        return _fail(e)
+    except Exception as e:
+        if other_errors is None:
+            raise
+        return _fail(e, other_errors)
+    return JSONResponse({"success": True, **body(result)})
+
+
 def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> FastAPI:
     """The inference service app; the engine is created (and shut down) by the caller."""
 
@@ -188,11 +208,9 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
 
     @app.post("/pause_generation", dependencies=admin)
     async def pause_generation(req: PauseReq | None = None) -> JSONResponse:
-        try:
-            await engine.pause((req or PauseReq()).mode)
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse({"success": True, "message": "Generation paused."})
+        return await _answer(
+            engine.pause((req or PauseReq()).mode), lambda _: {"message": "Generation paused."}
+        )
 
     @app.post("/continue_generation", dependencies=admin)
     async def continue_generation() -> JSONResponse:
@@ -202,70 +220,62 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
     @app.post("/update_weights_from_disk", dependencies=admin)
     async def update_weights_from_disk(req: DiskUpdateReq) -> JSONResponse:
         version = _version(req.weight_version)
-        try:
+
+        async def update() -> int:
             if req.abort_all_requests:
                 await engine.abort_all("aborted for a weight update")
-            new = await engine.update_weights_from_disk(req.model_path, version)
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse(
-            {
-                "success": True,
+            return await engine.update_weights_from_disk(req.model_path, version)
+
+        return await _answer(
+            update(),
+            lambda new: {
                 "message": f"Succeeded to update model weights (weight_version {new}).",
                 "num_paused_requests": 0,
                 "weight_version": str(new),
-            }
+            },
         )
 
     @app.post("/begin_weight_update", dependencies=admin)
     async def begin_weight_update() -> JSONResponse:
-        try:
-            await engine.begin_weight_update()
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse({"success": True, "message": "Success"})
+        return await _answer(engine.begin_weight_update(), lambda _: {"message": "Success"})
 
     @app.post("/end_weight_update", dependencies=admin)
     async def end_weight_update() -> JSONResponse:
-        try:
-            new = await engine.end_weight_update()
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse({"success": True, "message": "Success", "weight_version": str(new)})
+        return await _answer(
+            engine.end_weight_update(),
+            lambda new: {"message": "Success", "weight_version": str(new)},
+        )
 
     @app.post("/init_weights_update_group", dependencies=admin)
     async def init_weights_update_group(req: GroupJoin) -> JSONResponse:
-        try:
-            await engine.init_weights_update_group(req)
-        except ValueError as e:
-            return _fail(e)
-        except Exception as e:  # rendezvous timeout, unreachable master
-            return _fail(e, 500)
-        return JSONResponse({"success": True, "message": "Succeeded to initialize group."})
+        return await _answer(
+            engine.init_weights_update_group(req),
+            lambda _: {"message": "Succeeded to initialize group."},
+            other_errors=500,  # rendezvous timeout, unreachable master
+        )
 
     @app.post("/destroy_weights_update_group", dependencies=admin)
     async def destroy_weights_update_group(req: GroupDestroy) -> JSONResponse:
-        try:
-            await engine.destroy_weights_update_group(req.group_name)
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse({"success": True, "message": "Succeeded to destroy the group."})
+        return await _answer(
+            engine.destroy_weights_update_group(req.group_name),
+            lambda _: {"message": "Succeeded to destroy the group."},
+        )
 
     @app.post("/update_weights_from_distributed", dependencies=admin)
     async def update_weights_from_distributed(req: Bucket) -> JSONResponse:
         version = _version(req.weight_version)
-        try:
+
+        async def update() -> int:
             if req.abort_all_requests:
                 await engine.abort_all("aborted for a weight update")
-            new = await engine.update_weights_from_distributed(req, version)
-        except ValueError as e:
-            return _fail(e)
-        return JSONResponse(
-            {
-                "success": True,
+            return await engine.update_weights_from_distributed(req, version)
+
+        return await _answer(
+            update(),
+            lambda new: {
                 "message": "Succeeded to receive the bucket; applied at end_weight_update.",
                 "weight_version": str(new),
-            }
+            },
         )
 
     return app

@@ -141,7 +141,7 @@ class CheckpointConfig(Section):
 class PushMode(StrEnum):
     NONE = "none"
     DISK = "disk"  # export HF dir + POST /update_weights_from_disk to every engine
-    DISTRIBUTED = "distributed"  # inference.weight_sync.WeightSender (gloo/NCCL broadcast)
+    DISTRIBUTED = "distributed"  # searchr1.weightsync.sender.WeightSender (gloo/NCCL)
 
 
 class WeightPushConfig(Section):

@@ -6,9 +6,9 @@ version, so a failed push, a retried push or a crash between push and checkpoint
 the engines' version drift from the step that produced the weights.
 
 `disk`: export a Hugging Face directory, then `POST /update_weights_from_disk` on every engine.
-`distributed`: `inference.weight_sync.WeightSender` broadcasts the tensors (gloo on CPU, NCCL on
-GPU) to engines that joined its process group. The inference package is imported lazily: the
-trainer runs (with `mode: none`) without it.
+`distributed`: `searchr1.weightsync.sender.WeightSender` broadcasts the tensors (gloo on CPU,
+NCCL on GPU) to engines that joined its process group, driving them through the
+`inference.client.InferenceClient`s built here.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from inference.client import InferenceClient, InferenceError
+from searchr1.weightsync.group import dtype_from_name
+from searchr1.weightsync.sender import WeightSender
 from trainer.backend import TrainerBackend
 from trainer.config import PushMode, WeightPushConfig
 from trainer.metrics import PUSH_SECONDS, WEIGHT_VERSION
@@ -42,7 +44,7 @@ class WeightPusher:
             raise ValueError("trainer.weight_push.mode=disk needs disk_dir")
         self.cfg = cfg
         self.token = token
-        self._sender: Any = None
+        self._sender: WeightSender | None = None
 
     @property
     def enabled(self) -> bool:
@@ -54,19 +56,15 @@ class WeightPusher:
     async def connect(self) -> None:
         if self.cfg.mode != PushMode.DISTRIBUTED:
             return
-        from inference.weight_group import dtype_from_name
-        from inference.weight_sync import WeightSender
-
         if self._sender is None:
             # One sender for the trainer's life: its rendezvous store holds master_port, and a
             # reconnect after a failure reuses it.
             self._sender = WeightSender(
-                self.cfg.engine_urls,
+                [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls],
                 master_addr=self.cfg.master_addr,
                 master_port=self.cfg.master_port,
                 backend=self.cfg.backend,
                 bucket_bytes=self.cfg.bucket_bytes,
-                token=self.token,
                 dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
             )
         if not self._sender.connected:
@@ -89,6 +87,7 @@ class WeightPusher:
                 return None
             try:
                 await self.connect()
+                assert self._sender is not None
                 stats = await self._sender.push(named, version=step)
             except Exception:
                 # The weight group may be broken (an engine restarted): a new one next time.
@@ -106,8 +105,6 @@ class WeightPusher:
         return PushResult(version, seconds, nbytes)
 
     async def _update_from_disk(self, path: str, version: int) -> int:
-        from inference.client import InferenceClient
-
         clients = [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
         try:
             versions = await asyncio.gather(
@@ -120,7 +117,6 @@ class WeightPusher:
     async def engines_behind(self, version: int) -> list[str]:
         """Engines that answer with a version below `version` (restarted, or a push that never
         reached them); an engine that does not answer is not counted (it may be starting)."""
-        from inference.client import InferenceClient, InferenceError
 
         async def behind(url: str) -> bool:
             async with InferenceClient(url, token=self.token, timeout_s=10, max_retries=0) as c:

@@ -6,6 +6,7 @@ parallelism), so the weight channel is a third, independent group: a fresh TCP r
 torch's own helper without touching the default group. This is the layout SGLang's
 `init_custom_process_group` uses, so our sender also talks to a real SGLang server.
 The trainer's sender is rank 0; engines join as ranks `rank_offset .. rank_offset + n - 1`.
+Also here: the wire's dtype names as the torch dtypes the broadcast tensors have.
 """
 
 from __future__ import annotations
@@ -14,59 +15,14 @@ import contextlib
 import ctypes
 import inspect
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
+from searchr1.weightsync.protocol import DTYPE_NAMES
 
-
-class GroupJoin(BaseModel):
-    """How an engine joins a weight-update group: SGLang's `/init_weights_update_group` body,
-    used by the sender, the HTTP route and the engine alike."""
-
-    # SGLang ignores fields it does not use; so do we.
-    model_config = ConfigDict(extra="ignore")
-
-    master_address: str
-    master_port: int = Field(ge=1, le=65535)
-    rank_offset: int
-    world_size: int = Field(ge=2)
-    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
-    backend: Literal["nccl", "gloo"] = "nccl"
-
-
-class GroupDestroy(BaseModel):
-    """SGLang's `/destroy_weights_update_group` body."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    group_name: str = Field(default="weight_update_group", min_length=1, max_length=256)
-
-
-class Bucket(BaseModel):
-    """One broadcast of tensors: SGLang's `/update_weights_from_distributed` body. The tensors
-    themselves follow over the group, one broadcast each, in this order."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    group_name: str = "weight_update_group"
-    weight_version: str | None = None  # SGLang's versions are strings
-    flush_cache: bool = True
-    abort_all_requests: bool = False
+# The wire's dtype names (`protocol.DTYPE_NAMES`) as torch dtypes.
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def dtype_from_name(name: str) -> torch.dtype:

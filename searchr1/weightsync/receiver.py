@@ -1,4 +1,5 @@
-"""Engine side of weight updates: from a checkpoint directory or by broadcast from a trainer.
+"""Engine side of weight updates (our reference engine's; SGLang has its own): from a
+checkpoint directory or by broadcast from a trainer.
 
 Every method runs on the engine's scheduler thread (between decode steps) except `init_group`.
 A bad update (unknown names, wrong shapes) raises ValueError *before* any parameter changes, so
@@ -23,13 +24,8 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 
-from inference.weight_group import (
-    Bucket,
-    GroupJoin,
-    destroy_weight_group,
-    dtype_from_name,
-    new_weight_group,
-)
+from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
+from searchr1.weightsync.protocol import Bucket, GroupJoin
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Trainer side of live weight updates: broadcast parameters to inference engines.
 
-`WeightSender.connect()` creates a process group of its own (see `inference.weight_group`): the
-sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weights_update_group`.
+`WeightSender.connect()` creates a process group of its own (see `searchr1.weightsync.group`):
+the sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weights_update_group`.
 `push(named_tensors)` then
   1. pauses the engines (`pause_mode`, default "retract": running requests keep their tokens
      and recompute their KV under the new weights), so no decode step runs on a half-updated
@@ -13,7 +13,9 @@ sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weights_up
      engines' dtype, and waits for every answer; only the last bucket carries the new weight
      version, so a push moves the version once;
   4. closes the sessions (`/end_weight_update`) and resumes the engines, whatever happened.
-The same code drives SGLang (NCCL on GPU, gloo on CPU) and our reference engine.
+The same code drives SGLang (NCCL on GPU, gloo on CPU) and our reference engine, through the
+engine clients the caller hands in (`protocol.WeightEngine`: `inference.client.InferenceClient`);
+an engine's refusal is a `protocol.EngineRefused`.
 """
 
 from __future__ import annotations
@@ -25,16 +27,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from inference.client import InferenceBadRequest, InferenceClient
-from inference.weight_group import (
-    Bucket,
-    GroupJoin,
+from searchr1.weightsync.group import (
     abandon_weight_group,
     destroy_weight_group,
     dtype_from_name,
@@ -43,6 +42,7 @@ from inference.weight_group import (
     new_weight_group,
     store_client,
 )
+from searchr1.weightsync.protocol import Bucket, EngineRefused, GroupJoin, WeightEngine
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +60,27 @@ class PushStats:
 
 
 class WeightSender:
+    """Rank 0 of a weight group with `engines`; it owns them (`close()` closes them)."""
+
     def __init__(
         self,
-        engine_urls: list[str],
+        engines: Sequence[WeightEngine],
         *,
         master_addr: str = "127.0.0.1",
         master_port: int,
         backend: str = "gloo",
         group_name: str = "searchr1-weights",
         bucket_bytes: int = 256 << 20,
-        token: str | None = None,
         pause_mode: str | None = "retract",
         dtype: torch.dtype | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        if not engine_urls:
-            raise ValueError("engine_urls is empty")
+        if not engines:
+            raise ValueError("engines is empty")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl (got {backend!r})")
         if bucket_bytes <= 0:
             raise ValueError("bucket_bytes must be > 0")
-        self.engine_urls = list(engine_urls)
         self.master_addr = master_addr
         self.master_port = master_port
         self.backend = backend
@@ -91,7 +91,7 @@ class WeightSender:
         self.timeout_s = timeout_s
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         self._dtype = dtype
-        self._clients = [InferenceClient(u, token=token, timeout_s=timeout_s) for u in engine_urls]
+        self._clients = list(engines)
         self._group: Any = None
         self._store: Any = None  # the rendezvous server on master_port, from the first connect
         self.refusal_grace_s = 5.0
@@ -225,7 +225,7 @@ class WeightSender:
                     send.cancel()
                     for call in pending:
                         call.add_done_callback(_observe)
-                    raise InferenceBadRequest(
+                    raise EngineRefused(
                         f"an engine refused the update before receiving it "
                         f"({refused[0].exception()}); the weight group is closed, reconnect"
                     )
@@ -334,12 +334,12 @@ class WeightSender:
         await asyncio.gather(*(c.aclose() for c in self._clients))
 
 
-async def _open_session(client: InferenceClient) -> bool:
+async def _open_session(client: WeightEngine) -> bool:
     """Open a weight-update session; False when the engine has no sessions. A session left
     open by a sender that died mid-push is closed first (the new push rewrites every tensor)."""
     try:
         return await client.begin_weight_update()
-    except InferenceBadRequest as e:
+    except EngineRefused as e:
         if "already open" not in str(e):
             raise
     log.warning("closing a weight-update session left open", extra={"engine": client.base_url})
@@ -347,7 +347,7 @@ async def _open_session(client: InferenceClient) -> bool:
     return await client.begin_weight_update()
 
 
-async def _close_sessions(clients: list[InferenceClient], *, failed: bool) -> None:
+async def _close_sessions(clients: list[WeightEngine], *, failed: bool) -> None:
     """End every open session. After a failed push a close error is only logged (the push's
     own error is the one raised); after a good one it fails the push."""
     closed = await asyncio.gather(*(c.end_weight_update() for c in clients), return_exceptions=True)

@@ -19,8 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from inference.client import InferenceBadRequest, InferenceClient
 from inference.tiny_model import make_tiny_model
-from inference.weight_sync import WeightSender
 from searchr1.redis_server import free_port
+from searchr1.weightsync.protocol import EngineRefused
+from searchr1.weightsync.sender import WeightSender
 from tests.support.engines import ENGINES, Target, engine_server
 
 PROMPT = [1, 60, 61, 62]
@@ -90,7 +91,8 @@ async def test_push_over_gloo_changes_outputs_and_bumps_version(
 
 
 async def push_in_process(url: str, tensors: dict[str, torch.Tensor]) -> None:
-    sender = WeightSender([url], master_port=free_port(), bucket_bytes=1 << 20, token=TOKEN)
+    engines = [InferenceClient(url, token=TOKEN)]
+    sender = WeightSender(engines, master_port=free_port(), bucket_bytes=1 << 20)
     await sender.connect()
     try:
         await sender.push(tensors.items())
@@ -160,12 +162,12 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
     client: InferenceClient, server: Target, tiny_model_dir: Path
 ) -> None:
     tensors = load_file(str(tiny_model_dir / "model.safetensors"))
-    sender = WeightSender([server.url], master_port=free_port(), token=TOKEN)
+    sender = WeightSender([InferenceClient(server.url, token=TOKEN)], master_port=free_port())
     await sender.connect()
     sender.refusal_grace_s = 0.5
     sender.group_name = "no-such-group"  # the engine refuses before joining the broadcast
     try:
-        with pytest.raises(InferenceBadRequest, match="reconnect"):
+        with pytest.raises(EngineRefused, match="reconnect"):
             await asyncio.wait_for(sender.push(tensors.items()), timeout=30)
     finally:
         await sender.close()
@@ -173,7 +175,7 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
     # The failed push leaves a collective thread and a group behind in this process; a new
     # sender must still connect and push (it used to wait for its dead rank 0 forever).
     before = (await client.get_model_info())["weight_version"]
-    again = WeightSender([server.url], master_port=free_port(), token=TOKEN)
+    again = WeightSender([InferenceClient(server.url, token=TOKEN)], master_port=free_port())
     try:
         await asyncio.wait_for(again.connect(), timeout=60)
         stats = await asyncio.wait_for(again.push(tensors.items()), timeout=60)
@@ -185,11 +187,13 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
 SENDER_WITH_A_REFUSED_PUSH = """
 import asyncio, sys
 from safetensors.torch import load_file
-from inference.weight_sync import WeightSender
+from inference.client import InferenceClient
 from searchr1.redis_server import free_port
+from searchr1.weightsync.sender import WeightSender
 
 async def main() -> None:
-    sender = WeightSender([sys.argv[1]], master_port=free_port(), token=sys.argv[3])
+    engines = [InferenceClient(sys.argv[1], token=sys.argv[3])]
+    sender = WeightSender(engines, master_port=free_port())
     await sender.connect()
     sender.refusal_grace_s = 0.5
     sender.group_name = "no-such-group"  # the engine refuses before joining the broadcast
@@ -224,7 +228,8 @@ async def test_a_closed_or_abandoned_group_is_destroyed_on_the_engine(
     gave up (at its next connect) and its own at close, with SGLang's
     /destroy_weights_update_group."""
     tensors = load_file(str(tiny_model_dir / "model.safetensors"))
-    sender = WeightSender([server.url], master_port=free_port(), bucket_bytes=1 << 20, token=TOKEN)
+    engines = [InferenceClient(server.url, token=TOKEN)]
+    sender = WeightSender(engines, master_port=free_port(), bucket_bytes=1 << 20)
     await sender.connect()
     first = sender.group_name
     try:

@@ -25,8 +25,6 @@ ALLOWED_CROSSINGS = {
     ("orchestrator", "retriever.client"),
     ("orchestrator", "inspector"),  # the run inspector mounted at /ui (optional)
     ("trainer", "inference.client"),
-    ("trainer", "inference.weight_sync"),
-    ("trainer", "inference.weight_group"),
 }
 
 

@@ -39,7 +39,7 @@ METRIC_MODULES = [
     "retriever.cache",
     "inference.engine",
     "inference.server",
-    "inference.weights",
+    "searchr1.weightsync.receiver",
     "inference.client",
     "orchestrator.metrics",
     "orchestrator.search",

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from inference import weights
-from inference.weight_group import GroupJoin
-from inference.weights import WeightLoader
+from searchr1.weightsync import receiver
+from searchr1.weightsync.protocol import GroupJoin
+from searchr1.weightsync.receiver import WeightLoader
 
 ARGS: dict[str, Any] = dict(master_address="h", master_port=1, rank_offset=1, world_size=2)
 
@@ -19,8 +19,8 @@ ARGS: dict[str, Any] = dict(master_address="h", master_port=1, rank_offset=1, wo
 @pytest.fixture
 def joined(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     destroyed: list[str] = []
-    monkeypatch.setattr(weights, "new_weight_group", lambda **kw: f"pg:{kw['group_name']}")
-    monkeypatch.setattr(weights, "destroy_weight_group", destroyed.append)
+    monkeypatch.setattr(receiver, "new_weight_group", lambda **kw: f"pg:{kw['group_name']}")
+    monkeypatch.setattr(receiver, "destroy_weight_group", destroyed.append)
     return destroyed
 
 
@@ -41,7 +41,7 @@ def test_a_failed_join_keeps_the_working_group(
     def unreachable(**kw: Any) -> Any:
         raise TimeoutError("rendezvous timed out")
 
-    monkeypatch.setattr(weights, "new_weight_group", unreachable)
+    monkeypatch.setattr(receiver, "new_weight_group", unreachable)
     with pytest.raises(TimeoutError):
         loader.init_group(GroupJoin(**ARGS, group_name="w-bbbb", backend="gloo"))
     assert list(loader.groups) == ["w-aaaa"] and joined == []

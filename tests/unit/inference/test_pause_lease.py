@@ -16,7 +16,7 @@ import pytest
 from inference.config import TorchEngineConfig
 from inference.engine import TorchEngine
 from inference.sampling import SamplingParams
-from inference.weight_group import Bucket
+from searchr1.weightsync.protocol import Bucket
 
 LEASE_S = 0.6
 

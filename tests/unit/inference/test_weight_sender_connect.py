@@ -8,14 +8,14 @@ import asyncio
 import sys
 from typing import Any
 
-from inference.weight_group import GroupJoin
-from inference.weight_sync import WeightSender
 from searchr1.redis_server import free_port
+from searchr1.weightsync.protocol import GroupJoin
+from searchr1.weightsync.sender import WeightSender
 
 # The engine's rank lives in a process of its own (one process cannot hold both ranks).
 JOIN = """
 import sys
-from inference.weight_group import new_weight_group
+from searchr1.weightsync.group import new_weight_group
 addr, port, world, rank, name = sys.argv[1:]
 new_weight_group(backend="gloo", master_address=addr, master_port=int(port),
                  world_size=int(world), rank=int(rank), group_name=name, timeout_s=30)
@@ -57,8 +57,7 @@ class SlowRegisteringEngine:
 
 async def test_connect_waits_for_every_engine_to_register_the_group() -> None:
     engine = SlowRegisteringEngine()
-    sender = WeightSender(["http://engine.invalid"], master_port=free_port(), timeout_s=30)
-    sender._clients = [engine]  # type: ignore[list-item]
+    sender = WeightSender([engine], master_port=free_port(), timeout_s=30)  # type: ignore[list-item]
     try:
         await asyncio.wait_for(sender.connect(), 30)
         assert engine.registered == sender.group_name

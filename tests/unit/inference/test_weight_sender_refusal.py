@@ -13,15 +13,16 @@ import threading
 import pytest
 import torch
 
-from inference.client import InferenceBadRequest, InferenceUnavailable
-from inference.weight_sync import WeightSender
+from inference.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
 from searchr1.redis_server import free_port
+from searchr1.weightsync.protocol import EngineRefused
+from searchr1.weightsync.sender import WeightSender
 
 
 async def test_what_fails_after_a_refused_push_is_not_an_unretrieved_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sender = WeightSender(["http://127.0.0.1:9"], master_port=free_port())
+    sender = WeightSender([InferenceClient("http://127.0.0.1:9")], master_port=free_port())
     sender.refusal_grace_s = 0.05
     peer_gone = threading.Event()
 
@@ -41,7 +42,7 @@ async def test_what_fails_after_a_refused_push_is_not_an_unretrieved_error(
 
     calls = [asyncio.create_task(refuse()), asyncio.create_task(fail_later())]
     with caplog.at_level(logging.ERROR, logger="asyncio"):
-        with pytest.raises(InferenceBadRequest, match="reconnect"):
+        with pytest.raises(EngineRefused, match="reconnect"):
             await sender._broadcast_watching([], calls)
         peer_gone.set()
         await asyncio.sleep(0.5)
