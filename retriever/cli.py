@@ -1,17 +1,25 @@
-"""`searchr1 retriever ...`: command-line wiring of the retriever service.
+"""`searchr1 retriever ...`: the retriever's commands. `serve` hands its config to
+`retriever.wiring.serve`; `build` to `retriever.build.build_index`.
 
-Heavy imports (torch, faiss, transformers) happen inside the commands so `--help` stays fast.
+Torch, faiss and transformers load only when a command needs them (inside the backends and the
+encoder), so `--help` stays fast.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
-from retriever.config import RetrieverSettings
+from retriever import wiring
+from retriever.build import build_index
+from retriever.config import BuildConfig, RetrieverSettings
 from searchr1.cli_common import ConfigOption, add_show_config, start_service
+from searchr1.logs import setup_logging
+from searchr1.settings import format_validation_error
 
 app = typer.Typer(
     help="Search service: drop-in Search-R1 /retrieve API (HTTP + gRPC), dense/BM25/web backends.",
@@ -48,13 +56,6 @@ def build(
     ] = False,
 ) -> None:
     """Build an index directory (dense faiss / BM25 / both) from a Search-R1 corpus JSONL."""
-    from pydantic import ValidationError
-
-    from retriever.build import build_index
-    from retriever.config import BuildConfig
-    from searchr1.logs import setup_logging
-    from searchr1.settings import format_validation_error
-
     setup_logging("retriever", "INFO", json_format=False)
     try:
         cfg = BuildConfig(
@@ -96,10 +97,6 @@ def serve(
     web: Annotated[bool, typer.Option(help="Serve serper.dev web search (backend=web).")] = False,
 ) -> None:
     """Serve POST /retrieve (HTTP) and Retriever.Search (gRPC); ready once the index is loaded."""
-    import asyncio
-    import os
-    import signal
-
     cfg = start_service("retriever", RetrieverSettings, config)
     rcfg = cfg.retriever
     if index is not None:
@@ -117,18 +114,7 @@ def serve(
         typer.secho(f"error: {rcfg.index_dir} has no manifest.json", err=True, fg="red")
         raise typer.Exit(2)
 
-    from retriever.server import create_app
-    from searchr1.service import serve_http
-
-    failed: list[BaseException] = []
-
-    def on_load_error(e: BaseException) -> None:
-        # Stop through the normal graceful path (as on SIGTERM); exit 1 below.
-        failed.append(e)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    app_ = create_app(rcfg, admin_token=cfg.admin_token, on_load_error=on_load_error)
-    asyncio.run(serve_http(app_, rcfg.http))
-    if failed:
-        typer.secho(f"error: loading the backend failed: {failed[0]}", err=True, fg="red")
+    failed = asyncio.run(wiring.serve(rcfg, admin_token=cfg.admin_token))
+    if failed is not None:
+        typer.secho(f"error: loading the backend failed: {failed}", err=True, fg="red")
         raise typer.Exit(1)

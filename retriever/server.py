@@ -7,17 +7,17 @@ The request and response shapes are the reference server's (spec section 3):
 serialized as FastAPI does (compact separators, UTF-8 unescaped). Unknown request fields are
 ignored, as the reference does.
 
-The index loads in the background after the port opens: /health answers at once, /ready and
-/retrieve answer 503 until the index is loaded. A failed load calls `on_load_error` (the CLI
-stops the server and exits 1).
+Routes only: `retriever.wiring` loads the index in the background after the port opens
+(/health answers at once, /ready and /retrieve answer 503 until the index is loaded) and runs
+the gRPC server beside this app.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -89,53 +89,33 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "detail": message}, status_code=status)
 
 
+@dataclass
+class Serving:
+    """What the routes answer from: the engine once loaded (None while it loads), why loading
+    failed, and the bound gRPC port (`retriever.wiring` fills these in)."""
+
+    engine: RetrieverEngine | None = None
+    error: BaseException | None = None
+    grpc_port: int | None = None
+
+
 def create_app(
     cfg: RetrieverConfig,
+    serving: Serving | None = None,
     *,
-    engine: RetrieverEngine | None = None,
     admin_token: SecretStr | None = None,
-    on_load_error: Callable[[BaseException], None] | None = None,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
-    """The retriever app. With `engine` given it serves that engine; else it loads one from cfg."""
-    state: dict[str, Any] = {"engine": engine, "error": None, "grpc_port": None}
-
-    async def load() -> None:
-        try:
-            state["engine"] = await RetrieverEngine.load(cfg)
-            log.info("retriever ready", extra={"backend": state["engine"].backend.name})
-        except Exception as e:
-            state["error"] = e
-            log.exception("loading the retriever backend failed")
-            if on_load_error is not None:
-                on_load_error(e)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loader = None if state["engine"] is not None else asyncio.create_task(load())
-        grpc_server = None
-        if cfg.grpc_port is not None:
-            from retriever.grpc_server import start_grpc_server
-
-            grpc_server, state["grpc_port"] = await start_grpc_server(
-                lambda: state["engine"], cfg.http.host, cfg.grpc_port
-            )
-        app.state.grpc_port = state["grpc_port"]
-        try:
-            yield
-        finally:
-            if grpc_server is not None:
-                await grpc_server.stop(grace=cfg.http.graceful_shutdown_s)
-            if loader is not None and not loader.done():
-                loader.cancel()
-            if state["engine"] is not None:
-                await state["engine"].aclose()
+    """The retriever's HTTP routes over `serving` (routes only: `retriever.wiring` loads the
+    engine and runs the gRPC server, in `lifespan`)."""
+    state = serving if serving is not None else Serving()
 
     async def index_loaded() -> str:
-        if state["error"] is not None:
-            raise RuntimeError(f"backend failed to load: {state['error']}")
-        if state["engine"] is None:
+        if state.error is not None:
+            raise RuntimeError(f"backend failed to load: {state.error}")
+        if state.engine is None:
             raise RuntimeError("index is still loading")
-        backend = state["engine"].backend
+        backend = state.engine.backend
         if hasattr(backend, "healthy") and not backend.healthy():
             raise RuntimeError("the encoder process died")
         return backend.name
@@ -144,7 +124,7 @@ def create_app(
     app.state.retriever = state
 
     async def retrieve(req: RetrieveRequest, request: Request) -> JSONResponse:
-        eng: RetrieverEngine | None = state["engine"]
+        eng = state.engine
         if eng is None:
             return _error(503, "index is still loading; poll /ready")
         try:
@@ -170,7 +150,7 @@ def create_app(
 
     @app.post("/flush_cache", dependencies=[Depends(require_token(admin_token))])
     async def flush_cache() -> dict[str, Any]:
-        eng: RetrieverEngine | None = state["engine"]
+        eng = state.engine
         n = 0
         if eng is not None:
             n = len(eng.cache)
@@ -179,7 +159,7 @@ def create_app(
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        eng: RetrieverEngine | None = state["engine"]
+        eng = state.engine
         if eng is None:
             return {"loaded": False}
         b = eng.batcher
@@ -196,7 +176,7 @@ def create_app(
             "batched_queries": b.batched_queries if b else 0,
             "inline_batches": b.inline_batches if b else 0,
             "stage_busy_s": b.stage_busy_s if b else [],
-            "grpc_port": state["grpc_port"],
+            "grpc_port": state.grpc_port,
         }
 
     return app

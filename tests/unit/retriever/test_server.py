@@ -11,7 +11,7 @@ from pydantic import SecretStr
 from retriever.backends.base import BackendUnavailable
 from retriever.config import RetrieverConfig
 from retriever.engine import RetrieverEngine
-from retriever.server import create_app
+from retriever.server import Serving, create_app
 
 
 class GatedBackend:
@@ -39,7 +39,7 @@ async def app_and_backend():
     backend = GatedBackend()
     cfg = RetrieverConfig.model_validate({"batching": {"max_pending": 2}, "grpc_port": None})
     engine = RetrieverEngine(backend, cfg)
-    app = create_app(cfg, engine=engine, admin_token=SecretStr("tok"))
+    app = create_app(cfg, Serving(engine=engine), admin_token=SecretStr("tok"))
     yield app, backend
     backend.gate.set()
     await engine.aclose()
