@@ -12,7 +12,7 @@ from rich.table import Table
 from searchr1.logs import setup_logging
 from stack.demo import DemoConfig, run_demo
 from stack.launcher import run_supervised
-from trainer.config import BackendKind
+from trainer.backends.registry import BACKENDS
 
 
 def demo(
@@ -61,11 +61,11 @@ def demo(
 def _check_trainer_backend(name: str) -> None:
     """Exit 2 on an unknown backend, or on megatron without megatron-core installed (the
     trainer would otherwise fail minutes later, after the warm start)."""
-    if name not in {b.value for b in BackendKind}:
-        choices = " or ".join(b.value for b in BackendKind)
+    if name not in BACKENDS:
+        choices = " or ".join(BACKENDS)
         typer.secho(f"error: --trainer-backend must be {choices} (got {name!r})", err=True)
         raise typer.Exit(2)
-    if name == BackendKind.MEGATRON and not _importable("megatron.core"):
+    if name == "megatron" and not _importable("megatron.core"):
         typer.secho(
             "error: --trainer-backend megatron needs megatron-core: "
             "pip install -e '.[megatron]' (or searchr1[megatron])",

@@ -46,7 +46,7 @@ def _settings() -> OrchestratorSettings:
 
 
 def _trainer_backend() -> str:
-    return load_settings(TrainerSettings, os.environ.get("SEARCHR1_CONFIG")).trainer.backend.value
+    return load_settings(TrainerSettings, os.environ.get("SEARCHR1_CONFIG")).trainer.backend
 
 
 def setup(runs: Path, data: Path, index: Path, model: Path, seed: int) -> None:

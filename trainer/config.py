@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
 from trainer.backends.megatron.config import MegatronConfig
+from trainer.backends.registry import BACKENDS
 
 
 class AdvantageConfig(Section):
@@ -196,11 +197,6 @@ class ModelConfig(Section):
     seed: int = 0
 
 
-class BackendKind(StrEnum):
-    HF = "hf"  # Hugging Face model, one process or FSDP2 (trainer.hf_backend)
-    MEGATRON = "megatron"  # Megatron-Core GPTModel, TP x PP x DP (trainer.megatron)
-
-
 class TrainerHttpConfig(HttpConfig):
     # Its own class (not HttpConfig(port=...)): a partial override such as
     # SEARCHR1_TRAINER__HTTP__HOST must keep this default port.
@@ -210,7 +206,11 @@ class TrainerHttpConfig(HttpConfig):
 class TrainerConfig(Section):
     http: TrainerHttpConfig = Field(default_factory=TrainerHttpConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    backend: BackendKind = BackendKind.HF
+    backend: str = Field(
+        default="hf",
+        description="hf (Hugging Face model, one process or FSDP2) or megatron (Megatron-Core, "
+        "TP x PP x DP): a name of trainer.backends.registry.",
+    )
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -230,6 +230,13 @@ class TrainerConfig(Section):
         default=None, description="Used when tensorboard is installed."
     )
     wandb_project: str | None = Field(default=None, description="Used when wandb is installed.")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r}: one of {', '.join(BACKENDS)}")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

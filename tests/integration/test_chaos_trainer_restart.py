@@ -15,7 +15,7 @@ from searchr1.bus import TrajectoryBus
 from searchr1.redis_server import RedisServer
 from searchr1.sections import BusConfig
 from tests.unit.trainer.conftest import make_batch
-from trainer.server import make_bus
+from trainer.wiring import make_bus
 
 
 async def test_a_restarted_trainer_gets_its_predecessors_entries_at_once(

@@ -274,3 +274,8 @@ def load_hf_model(cfg: TrainerConfig) -> nn.Module:
         # what varlen would ignore). Eager meanwhile: every model has it (Gemma2 has no sdpa).
         attn_implementation="eager" if impl == "varlen" else impl,
     )
+
+
+def load_hf_backend(cfg: TrainerConfig, info: DistInfo) -> HFBackend:
+    """Read the Hugging Face directory `trainer.model.path` and build the backend."""
+    return HFBackend(load_hf_model(cfg), cfg, info)

@@ -28,7 +28,7 @@ def test_stack_config_names_the_trainer_backend(tmp_path: Path, backend: str) ->
     path = write_stack_config(cfg, tmp_path / "index", tmp_path / "model", _rows(tmp_path))
     assert yaml.safe_load(path.read_text())["trainer"]["backend"] == backend
     loaded = load_config(path)  # the whole stack config still validates
-    assert loaded.trainer.backend.value == backend
+    assert loaded.trainer.backend == backend
     assert loaded.trainer.megatron.tp * loaded.trainer.megatron.pp == 1  # one process
 
 

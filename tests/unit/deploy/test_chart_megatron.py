@@ -45,7 +45,7 @@ def test_default_backend_is_hf_one_rank_per_gpu() -> None:
     assert "--nproc-per-node=1" in cmd
     assert env["SEARCHR1_TRAINER__BACKEND"] == "hf"
     assert not any("MEGATRON" in k for k in env)
-    assert _trainer_config(env).backend.value == "hf"
+    assert _trainer_config(env).backend == "hf"
 
 
 def test_megatron_layout_sets_the_world_size_and_the_config() -> None:
@@ -61,7 +61,7 @@ def test_megatron_layout_sets_the_world_size_and_the_config() -> None:
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # 2 x 4 = tp x pp x dp
     assert resources["limits"]["nvidia.com/gpu"] == 4
     cfg = _trainer_config(env)
-    assert cfg.backend.value == "megatron"
+    assert cfg.backend == "megatron"
     assert (cfg.megatron.tp, cfg.megatron.pp) == (2, 2)
     assert cfg.megatron.distributed_optimizer is False
     assert cfg.megatron.vocab_multiple == 128
@@ -108,10 +108,10 @@ def test_schema_rejects_unknown_backends_and_layout_keys() -> None:
 def test_schema_backends_are_the_codes() -> None:
     import json
 
-    from trainer.config import BackendKind
+    from trainer.backends.registry import BACKENDS
 
     props = json.loads((stack.CHART / "values.schema.json").read_text())["properties"]
     trainer = props["trainer"]["properties"]
-    assert set(trainer["backend"]["enum"]) == {b.value for b in BackendKind}
+    assert set(trainer["backend"]["enum"]) == set(BACKENDS)
     keys = set(trainer["megatron"]["properties"])
     assert keys == {"tp", "pp", "dp", "distributedOptimizer", "vocabMultiple"}

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
-from trainer.backends.megatron import convert, cpu
+from trainer.backends.megatron import checkpoint, convert, cpu, sharded
 from trainer.backends.megatron.config import check_layout
 from trainer.backends.megatron.logprobs import vocab_parallel_logprobs
 from trainer.backends.megatron.model import ModelShape, build_gpt, padded_vocab, shape_from_hf
@@ -31,6 +31,7 @@ from trainer.backends.megatron.weights import gather_hf, load_full
 from trainer.batching import MicroBatch
 from trainer.config import DType, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo
+from trainer.export import write_hf_dir
 
 T = TypeVar("T")
 
@@ -303,37 +304,27 @@ class MegatronBackend(TrainerBackend):
         yield from gather_hf(self.ddp.module, self.shape, self.layout)
 
     def export_hf(self, out_dir: Path) -> Path | None:
-        from trainer.export import write_hf_dir
-
         tensors = dict(self.named_tensors())
         if not self.is_main:
             return None
         return write_hf_dir(tensors, self.hf_config, Path(out_dir), self.cfg.model.path)
 
     def full_state(self) -> dict[str, Any]:
-        from trainer.backends.megatron.checkpoint import full_state
-
-        return full_state(self)
+        return checkpoint.full_state(self)
 
     def load_full_state(self, state: dict[str, Any] | None) -> None:
-        from trainer.backends.megatron.checkpoint import load_full_state
-
-        load_full_state(self, state)
+        checkpoint.load_full_state(self, state)
 
     # Checkpoints: every rank writes its own shards (trainer/backends/megatron/sharded.py).
     sharded_checkpoints = True
 
     def save_shards(self, directory: Path) -> dict[str, Any]:
-        from trainer.backends.megatron.sharded import save_shards
-
-        return save_shards(self, directory)
+        return sharded.save_shards(self, directory)
 
     def load_shards(
         self, directory: Path | None, state: dict[str, Any] | None, *, weights_only: bool = False
     ) -> None:
-        from trainer.backends.megatron.sharded import load_shards
-
-        load_shards(self, directory, state, weights_only=weights_only)
+        sharded.load_shards(self, directory, state, weights_only=weights_only)
 
 
 def _finalize_without_token_scaling(

@@ -173,6 +173,7 @@ def build_gpt(shape: ModelShape, config: Any, *, vocab: int, pre: bool, post: bo
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    # optional: megatron-core (attention imports it at module top; convert uses this module)
     from trainer.backends.megatron.attention import SegmentAttention
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
