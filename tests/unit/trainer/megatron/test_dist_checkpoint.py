@@ -1,4 +1,4 @@
-"""Distributed checkpoints of the Megatron backend (`trainer/megatron/sharded.py`).
+"""Distributed checkpoints of the Megatron backend (`trainer/backends/megatron/sharded.py`).
 
 In-process: every rank's blocks (a DP range of its TP shard, mapped to the full tensor) hold
 exactly the elements `convert.shard` gives that rank, and all ranks together cover each full
