@@ -37,13 +37,6 @@ app = typer.Typer(
 data_app = typer.Typer(help="Datasets in the Search-R1 row format.", no_args_is_help=True)
 
 
-@data_app.callback()
-def _data_group() -> None:
-    # A group even with one sub-command: typer would make a lone `prepare` the command itself
-    # (`searchr1 data --input ...`) once the app is loaded on its own (stack.cli.COMMANDS).
-    pass
-
-
 def _fail(msg: str) -> typer.Exit:
     typer.secho(f"error: {msg}", err=True, fg=typer.colors.RED)
     return typer.Exit(2)

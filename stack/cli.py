@@ -41,14 +41,16 @@ COMMANDS: dict[str, str] = {
 
 
 def load_command(name: str, target: str) -> click.Command:
-    """The click command of `module:attr`, a typer app or a plain command function."""
+    """The click command of `module:attr`: a typer app (always a group, even with one
+    sub-command, as `add_typer` makes it) or a plain command function."""
     module, _, attr = target.partition(":")
     obj = getattr(importlib.import_module(module), attr)
-    if not isinstance(obj, typer.Typer):
+    if isinstance(obj, typer.Typer):
+        command: click.Command = typer.main.get_group(obj)
+    else:
         single = typer.Typer()
         single.command(name)(obj)
-        obj = single
-    command = typer.main.get_command(obj)
+        command = typer.main.get_command(single)
     command.name = name
     return command
 

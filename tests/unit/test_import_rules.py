@@ -1,9 +1,16 @@
-"""The package layering, checked on every import statement of the product code.
+"""The package layering, checked on every import statement of the product code and bench/.
 
 - The floor (`searchr1/` and `protos/`) imports no service and nothing from the roof
   (`stack/`): every service can use it.
-- A service imports another service only through its client or the weight-sync channel.
-- No import cycle between modules, function-local imports included (they hid one before).
+- A service imports another service only through its client (weight sync is in the floor).
+- No import cycle between modules, function-local imports included (they hid one before), and
+  none between folders.
+- Every `config.py` is a leaf: it imports config modules and import-free modules only.
+- Function-local imports of project modules are few (MAX_LOCAL_IMPORTS), each with its reason.
+- Product code imports neither `harness/`, `tests/` nor `bench/`; `harness/` and `bench/` import
+  no `tests`.
+- Every service reads `cli -> wiring -> loop`: its CLI imports its wiring, which imports the
+  module of its main loop.
 """
 
 from __future__ import annotations
@@ -19,6 +26,17 @@ SERVICES = ("retriever", "inference", "orchestrator", "trainer")
 # Packages that are neither services nor the floor: what services may use of each other.
 TOOLS = ("inspector",)
 PACKAGES = ("searchr1", "protos", *SERVICES, *TOOLS, "stack")
+# Not shipped: what tests and benchmarks share (service processes, synthetic data, fakes).
+SUPPORT = ("harness", "bench")
+# Function-local imports of project modules in PACKAGES: kept for optional dependencies only.
+MAX_LOCAL_IMPORTS = 20
+# service -> the module of its main loop (reached from its CLI through its wiring)
+MAIN_LOOPS = {
+    "retriever": "retriever.engine",
+    "inference": "inference.engine",
+    "orchestrator": "orchestrator.loop",
+    "trainer": "trainer.loop",
+}
 # (importer, imported module): the only doors from one service (or tool) into another.
 ALLOWED_CROSSINGS = {
     ("orchestrator", "inference.client"),
@@ -35,9 +53,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def product_modules() -> dict[str, Path]:
+def product_modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     out = {}
-    for pkg in PACKAGES:
+    for pkg in packages:
         for path in (ROOT / pkg).rglob("*.py"):
             if not path.name.endswith("_pb2.py") and not path.name.endswith("_pb2_grpc.py"):
                 out[module_name(path)] = path
@@ -76,8 +94,57 @@ def imports_of(path: Path, modules: dict[str, Path], me: str | None = None) -> s
 
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
-    modules = product_modules()
-    return {m: imports_of(p, modules) for m, p in modules.items()}
+    """Module -> the project modules it imports: product code, harness/ and bench/ (tests/ is
+    a target only, to catch harness/ and bench/ reaching into it)."""
+    modules = product_modules((*PACKAGES, *SUPPORT, "tests"))
+    return {
+        m: imports_of(p, modules) for m, p in modules.items() if top(m) in (*PACKAGES, *SUPPORT)
+    }
+
+
+def local_imports(
+    path: Path, modules: dict[str, Path], me: str | None = None
+) -> list[tuple[int, str, bool]]:
+    """(line, imported module, has a reason comment) of each project import inside a function.
+
+    The reason is a comment on the import's line or on the line above it."""
+    me = me or module_name(path)
+    text = path.read_text()
+    lines = text.splitlines()
+    found = set()
+    for fn in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            source = "\n".join(lines[node.lineno - 1 : node.end_lineno]).strip()
+            targets = _imports_in(source, modules, me, path.name == "__init__.py") - {me}
+            if targets:
+                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                reason = "#" in lines[node.lineno - 1] or above.startswith("#")
+                found.add((node.lineno, max(targets, key=len), reason))
+    return sorted(found)
+
+
+def _imports_in(source: str, modules: dict[str, Path], me: str, is_init: bool) -> set[str]:
+    package = me if is_init else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for name in names:
+            target = resolve(name, modules)
+            if target is not None:
+                found.add(target)
+    return found
 
 
 def top(module: str) -> str:
@@ -139,3 +206,92 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path: Path) ->
     )
     found = imports_of(probe, modules, me="searchr1.probe")
     assert found == {"trainer.loop", "searchr1.bus"}
+
+
+def folder(module: str, modules: dict[str, Path]) -> str:
+    """The folder a module's file is in (a package is in its own folder)."""
+    return str(modules[module].parent.relative_to(ROOT))
+
+
+def test_no_folder_cycles(graph) -> None:  # type: ignore[no-untyped-def]
+    """Folders stack up too. A subfolder is part of its parent (the retriever's backends build on
+    `retriever/corpus.py`, the retriever wires its backends): arrows between a folder and its
+    own ancestor are left out; the packages and sibling folders must not loop. (The old roof's
+    cycle ran through such pairs; the roof is one flat folder now.)"""
+    modules = product_modules((*PACKAGES, *SUPPORT, "tests"))
+    folders: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        mine = folder(m, modules)
+        for t in targets:
+            theirs = folder(t, modules)
+            if not (f"{mine}/".startswith(f"{theirs}/") or f"{theirs}/".startswith(f"{mine}/")):
+                folders.setdefault(mine, set()).add(theirs)
+    try:
+        tuple(graphlib.TopologicalSorter(folders).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"folder cycle: {' -> '.join(e.args[1])}")
+
+
+def is_config(module: str) -> bool:
+    return module.rpartition(".")[2] == "config" or module in (
+        "searchr1.sections",
+        "searchr1.settings",
+    )
+
+
+def test_configs_are_leaves(graph) -> None:  # type: ignore[no-untyped-def]
+    """Loading a service's config loads no behaviour: config modules import config modules and
+    modules that import nothing of the project (a registry of dotted paths, say)."""
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m.endswith(".config") and top(m) in PACKAGES
+        for t in targets
+        if not is_config(t) and graph.get(t)
+    )
+    assert not bad, "config modules importing behaviour:\n" + "\n".join(bad)
+
+
+def test_function_local_imports_are_few_and_say_why() -> None:
+    modules = product_modules((*PACKAGES, *SUPPORT, "tests"))
+    found = [
+        (str(path.relative_to(ROOT)), line, target, reason)
+        for m, path in modules.items()
+        if top(m) in PACKAGES
+        for line, target, reason in local_imports(path, modules)
+    ]
+    unexplained = [f"{f}:{line} imports {t}" for f, line, t, reason in found if not reason]
+    assert not unexplained, "function-local imports without a reason comment:\n" + "\n".join(
+        unexplained
+    )
+    assert len(found) <= MAX_LOCAL_IMPORTS, "\n".join(f"{f}:{line} {t}" for f, line, t, _ in found)
+
+
+def test_support_code_stays_out_of_the_product(graph) -> None:  # type: ignore[no-untyped-def]
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if (top(m) in PACKAGES and top(t) in (*SUPPORT, "tests"))
+        or (top(m) in SUPPORT and top(t) == "tests")
+    )
+    assert not bad, "product -> harness/bench/tests, or harness/bench -> tests:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_reads_cli_wiring_loop(graph, service: str) -> None:  # type: ignore[no-untyped-def]
+    """The service's main loop is two hops from its command: cli -> wiring -> loop."""
+    assert f"{service}.wiring" in graph[f"{service}.cli"], f"{service}/cli.py: no wiring import"
+    assert MAIN_LOOPS[service] in graph[f"{service}.wiring"], (
+        f"{service}/wiring.py does not import {MAIN_LOOPS[service]}"
+    )
+
+
+def test_the_checker_sees_local_imports_and_their_reasons(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f():\n    import json\n    from trainer.loop import TrainingLoop\n"
+        "    # optional: megatron-core\n    from trainer import config\n"
+    )
+    found = local_imports(probe, product_modules(), me="searchr1.probe")
+    assert found == [(3, "trainer.loop", False), (5, "trainer.config", True)]
