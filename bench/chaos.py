@@ -16,7 +16,7 @@ A fault is injected at a seeded random point of the step after the previous one 
 (its service is ready again and the trainer finished a step after it: its `metrics_jsonl`
 line). recover_s is measured from the end of the injected condition (the kill; the outage's
 or pause's end; the refusal). stalled_s_max is the longest time without a finished trainer
-step. The ledger (tests/support/chaos_ledger.py): every trajectory id published on the bus
+step. The ledger (harness/chaos_ledger.py): every trajectory id published on the bus
 against the steps that made the final model; lost = published and not trained, duplicated =
 trained in two steps. Held-out EM of both runs' final models. Run from the repository root:
 
@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 import yaml
 
+from harness.chaos_ledger import LedgerResult, read_steps, settle
+from harness.chaos_proxy import FaultyProxy
 from searchr1.redis_server import RedisServer, free_port
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from stack.config import load_config
@@ -65,8 +67,6 @@ from stack.demo import (
 )
 from stack.demo_world import generate_world, write_world
 from stack.launcher import build_specs
-from tests.support.chaos_ledger import LedgerResult, read_steps, settle
-from tests.support.chaos_proxy import FaultyProxy
 
 KINDS = [
     "kill:trainer",

@@ -5,7 +5,7 @@
 
 Each operation of each service gets --examples generated requests per generation mode (positive
 and negative); operations without inputs yield one. What counts against a service, and the
-canary client that keeps sending a valid request meanwhile: tests/support/fuzz_http.py. The
+canary client that keeps sending a valid request meanwhile: harness/fuzz_http.py. The
 last line printed is `requests=N status_5xx=N crashes=N hangs=N services=N`; the exit status is
 1 when any of those (or a 4xx without a message, or a failed canary) is not zero.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from harness.fuzz_http import FuzzReport, fuzz_service, summary_line  # noqa: E402
+from harness.fuzz_targets import SERVICES, fuzz_targets  # noqa: E402
 from inference.tiny_model import make_tiny_model  # noqa: E402
-from tests.support.fuzz_http import FuzzReport, fuzz_service, summary_line  # noqa: E402
-from tests.support.fuzz_targets import SERVICES, fuzz_targets  # noqa: E402
 
 
 def main() -> int:

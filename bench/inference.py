@@ -29,10 +29,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.inference_server import InferenceServerProcess
 from inference.client import InferenceClient
 from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
-from tests.support.inference_server import InferenceServerProcess
 
 
 async def throughput(url: str, n: int, new_tokens: int) -> dict[str, float]:

@@ -26,15 +26,15 @@ from pathlib import Path
 # The repo root instead of bench/ (a bench/<name>.py must not shadow a module or package).
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from inspector.server import create_app  # noqa: E402
-from tests.browser.conftest import ARGS, CHROMIUM  # noqa: E402
-from tests.support.inspector_run import (  # noqa: E402
+from harness.chromium import ARGS, CHROMIUM  # noqa: E402
+from harness.inspector_run import (  # noqa: E402
     ServerThread,
     WordTokenizer,
     long_trajectory_run,
     make_group,
     synthetic_metrics,
 )
+from inspector.server import create_app  # noqa: E402
 
 
 def build(root: Path, tokens: int, searches: int, steps: int) -> tuple[Path, Path, str]:

@@ -57,8 +57,8 @@ from bench.retriever_load import (  # noqa: E402
     same_hits,
     summarize,
 )
+from harness import synthetic  # noqa: E402
 from searchr1.redis_server import free_port  # noqa: E402
-from tests.support import synthetic  # noqa: E402
 
 
 def build_cached(args: argparse.Namespace) -> Path:

@@ -26,6 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.orchestrator_policy import build_episodes, train_policy
+from harness.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
 from inference.client import InferenceClient
 from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
@@ -33,8 +35,6 @@ from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, new_group
 from orchestrator.search import SearchTool
 from retriever.client import RetrieverClient
-from tests.integration.orchestrator_policy import build_episodes, train_policy
-from tests.integration.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
 
 # Fact i's episode searches i times: 1 to 4 generation calls per sample.
 SCRIPTS = [["search"] * i + ["answer"] for i in range(len(FACTS))]

@@ -176,9 +176,9 @@ def raw_broadcast_seconds(nbytes: int) -> float:
 
 
 async def push_seconds(args: argparse.Namespace, tmp: Path) -> tuple[float, int]:
+    from harness.inference_server import InferenceServerProcess
     from inference.tiny_model import make_tiny_model
     from searchr1.redis_server import free_port
-    from tests.support.inference_server import InferenceServerProcess
     from trainer.backends.hf import HFBackend, load_hf_model
     from trainer.config import LossConfig, ModelConfig, TrainerConfig, WeightPushConfig
     from trainer.dist import DistInfo

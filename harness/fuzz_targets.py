@@ -1,4 +1,4 @@
-"""The four HTTP services as real processes, ready to be fuzzed (tests/support/fuzz_http.py).
+"""The four HTTP services as real processes, ready to be fuzzed (harness/fuzz_http.py).
 
     with fuzz_targets(workdir, model_dir, ["retriever", "inference"]) as targets:
         for t in targets:
@@ -22,10 +22,14 @@ from typing import Any
 
 import yaml
 
+from harness import synthetic
+from harness.inference_server import InferenceServerProcess
+from harness.orchestrator_stack import FACTS, Service
+from harness.retriever_server import RetrieverProcess
+from orchestrator.prompt import make_row
+from retriever.build import build_index
+from retriever.config import BuildConfig
 from searchr1.redis_server import RedisServer
-from tests.integration.orchestrator_stack import FACTS, Service
-from tests.support.inference_server import InferenceServerProcess
-from tests.support.retriever_server import RetrieverProcess
 
 SERVICES = ("retriever", "inference", "orchestrator", "trainer")
 TOKEN = "fuzz-admin-token"
@@ -49,10 +53,6 @@ class Target:
 
 
 def _retriever(stack: ExitStack, workdir: Path) -> Target:
-    from retriever.build import build_index
-    from retriever.config import BuildConfig
-    from tests.support import synthetic
-
     corpus = synthetic.write_corpus(workdir / "corpus.jsonl", 200, seed=2, words=25)
     build_index(corpus, workdir / "bm25", BuildConfig(backend="bm25", progress=False))
     rp = stack.enter_context(
@@ -82,8 +82,6 @@ def _service(stack: ExitStack, args: list[str], log: Path) -> Service:
 def _orchestrator(
     stack: ExitStack, workdir: Path, redis_url: str, engine: str, retriever: str
 ) -> Target:
-    from orchestrator.prompt import make_row
-
     rows = [
         make_row(q, [a], data_source="toy", split="train", index=i)
         for i, (q, a, _) in enumerate(FACTS)

@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from inspector.server import create_app
 from orchestrator.config import RolloutLogConfig
 from orchestrator.observation import format_docs, observation_text
 from orchestrator.rewards import components
-from orchestrator.rollout_log import RolloutLog
+from orchestrator.rollout_log import RolloutLog, mask_runs
 from orchestrator.sample import Prompt, Sample, Status, TurnRecord, new_group
+from searchr1.redis_server import free_port
 from trainer.metrics import JsonlLog
 
 _TOKEN = re.compile(r"\s+|</?\w+>|\w+|[^\w\s]")
@@ -290,8 +292,6 @@ class ServerThread:
 
         import uvicorn
 
-        from searchr1.redis_server import free_port
-
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None)
@@ -319,9 +319,6 @@ def check_inspector_pages(run_dir: Path) -> dict[str, int]:
     one observation span per run of zeros in its loss mask; returns what it counted."""
     import pyarrow.parquet as pq
     from fastapi.testclient import TestClient
-
-    from inspector.server import create_app
-    from orchestrator.rollout_log import mask_runs
 
     client = TestClient(create_app(run_dir))
     for url in ("/", "/api/curves", "/trajectories", "/compare"):

@@ -16,6 +16,7 @@ from orchestrator.config import INVALID_ACTION_MESSAGE
 from orchestrator.observation import format_docs, observation_text
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.sample import Prompt
+from retriever.client import RetrieverClient
 
 SEARCH_TURN = "<think> I need to search. </think>\n<search> {q} </search>"
 ANSWER_TURN = "<think> found it </think>\n<answer> {a} </answer><|im_end|>"
@@ -49,8 +50,6 @@ async def build_episodes(
 ) -> list[tuple[int, list[int]]]:
     """(prompt length, ids) per episode, segment by segment exactly as a rollout assembles
     its context: turn ids, then the real retriever's observation tokenized on its own."""
-    from retriever.client import RetrieverClient
-
     client = RetrieverClient(retriever_url)
 
     def enc(text: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""Real service processes for the orchestrator integration tests (retriever, engine)."""
+"""Real service processes for the orchestrator integration tests and bench/rollout.py
+(retriever, engine)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from retriever.build import build_index
+from retriever.config import BuildConfig
+
 _SYL = ["ka", "lo", "mi", "ra", "ten", "vo", "shi", "dar", "el", "gu", "pan", "zo", "ri", "mon"]
 _FILLER = [
     "the",
@@ -151,9 +154,6 @@ def queries(n: int, *, corpus_rows: int, corpus_seed: int = 0, seed: int = 1) ->
 
 def dense_index(directory: Path, rows: int) -> Path:
     """A small dense (MiniLM) index of `rows` synthetic passages under `directory`."""
-    from retriever.build import build_index
-    from retriever.config import BuildConfig
-
     corpus = write_corpus(directory / "corpus.jsonl", rows, words=20)
     build_index(corpus, directory / "index", BuildConfig(max_length=48, progress=False))
     return directory / "index"

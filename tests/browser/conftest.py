@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's `chromium` package) driven by Playwright for Python.
+"""Headless Chromium (`harness.chromium`) driven by Playwright for Python.
 
 Playwright cannot download its own browser here, so it launches the system one; the tests skip
 (saying why) only when that binary is missing. `python3 dev.py test` installs it when it can.
@@ -8,24 +8,13 @@ uncaught exception or failed request.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-CHROMIUM = os.environ.get("SEARCHR1_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from harness.chromium import ARGS, CHROMIUM
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

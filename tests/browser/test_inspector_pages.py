@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi import FastAPI
 
+from harness.inspector_run import ServerThread, build_run
 from inspector.server import create_app
 from orchestrator.rollout_log import mask_runs
-from tests.support.inspector_run import ServerThread, build_run
 
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 

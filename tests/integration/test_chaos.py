@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos_ledger import lineage, settle
+from harness.chaos_ledger import lineage, settle
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.inspector_run import check_inspector_pages
 from tests.support.engines import sglang_python
-from tests.support.inspector_run import check_inspector_pages
 
 
 def _megatron() -> bool:

@@ -83,7 +83,7 @@ def _stop(r: Running) -> int:
 
 @pytest.fixture(scope="module")
 def retriever(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    from tests.support.synthetic import write_corpus
+    from harness.synthetic import write_corpus
 
     tmp = tmp_path_factory.mktemp("deploy-retriever")
     corpus = write_corpus(tmp / "corpus.jsonl", 50)

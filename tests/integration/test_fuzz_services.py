@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fuzz_http import fuzz_service, summary_line
-from tests.support.fuzz_targets import SERVICES, Target, fuzz_targets
+from harness.fuzz_http import fuzz_service, summary_line
+from harness.fuzz_targets import SERVICES, Target, fuzz_targets
 
 # ~60 s of the 2-core machine: run by `dev.py slow` (CI), not the default suite.
 pytestmark = pytest.mark.slow

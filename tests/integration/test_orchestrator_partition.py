@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from harness.orchestrator_stack import Service
 from inference.client import InferenceClient
 from tests.integration import test_orchestrator_rollout as rollout_tests
-from tests.integration.orchestrator_stack import Service
 from tests.integration.test_orchestrator_rollout import Stack, drain, write_config
 
 pytestmark = pytest.mark.slow

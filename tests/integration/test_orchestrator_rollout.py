@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from harness.orchestrator_policy import build_episodes, train_policy
+from harness.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
 from inference.client import InferenceClient
 from orchestrator import metrics
 from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchConfig
@@ -28,8 +30,6 @@ from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
 from retriever.client import RetrieverClient
 from searchr1.redis_server import free_port
-from tests.integration.orchestrator_policy import build_episodes, train_policy
-from tests.integration.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
 
 TOPK = 2  # short observations keep the policy's training quick
 # fact i's memorised episode: the actions of its turns

@@ -7,11 +7,11 @@ import httpx
 import pytest
 import Stemmer
 
+from harness import synthetic
+from harness.retriever_server import RetrieverProcess
 from retriever.build import build_index
 from retriever.config import BuildConfig, RetrieverConfig
 from retriever.engine import RetrieverEngine
-from tests.support import synthetic
-from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 200
 

@@ -11,13 +11,13 @@ import httpx
 import numpy as np
 import pytest
 
+from harness import synthetic
+from harness.retriever_server import RetrieverProcess
 from protos import retriever_pb2, retriever_pb2_grpc
 from retriever.client import RetrieverBadRequest, RetrieverClient, RetrieverUnavailable
 from retriever.encoder import Encoder, EncoderSpec
 from retriever.manifest import read_manifest
 from searchr1.redis_server import free_port
-from tests.support import synthetic
-from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 150
 

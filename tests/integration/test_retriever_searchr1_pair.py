@@ -19,9 +19,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from harness import synthetic
+from harness.retriever_server import RetrieverProcess
 from retriever.encoder import default_encoder_path
-from tests.support import synthetic
-from tests.support.retriever_server import RetrieverProcess
 
 ROWS = 120
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from harness.retriever_server import FakeSerper, RetrieverProcess
 from retriever.client import RetrieverClient, RetrieverUnavailable
-from tests.support.retriever_server import FakeSerper, RetrieverProcess
 
 
 @pytest.fixture(scope="module")

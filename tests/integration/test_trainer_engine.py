@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.inference_server import InferenceServerProcess
 from inference.client import InferenceClient
 from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.redis_server import free_port
 from searchr1.sections import RunConfig
-from tests.support.inference_server import InferenceServerProcess
 from trainer.backend import Policy
 from trainer.backends.hf import HFBackend, load_hf_model
 from trainer.config import (

@@ -195,8 +195,8 @@ def test_two_rank_trainer_resyncs_a_restarted_engine(
     import httpx
     import yaml
 
+    from harness.inference_server import InferenceServerProcess
     from tests.integration.test_trainer_loop import bus_counts, publish, trajectories
-    from tests.support.inference_server import InferenceServerProcess
 
     def version() -> int:
         return int(httpx.get(f"{engine.url}/get_model_info", timeout=5).json()["weight_version"])

@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
+from harness.inference_server import InferenceServerProcess
 from inference.client import InferenceClient
 from searchr1.redis_server import free_port
-from tests.support.inference_server import InferenceServerProcess
 from tests.support.torchrun import torchrun, torchrun_env
 
 pytest.importorskip("megatron.core")

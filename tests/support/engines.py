@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.inference_server import InferenceServerProcess
+from harness.inference_server import InferenceServerProcess
 
 ENGINES = ["torch", pytest.param("sglang", marks=pytest.mark.sglang)]
 SGLANG_PYTHON_ENV = "SEARCHR1_SGLANG_PYTHON"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.inspector_run import build_run
 from inspector import views
 from inspector.config import InspectorConfig
 from inspector.rundir import JsonlTail, Ref, RunDir
 from searchr1.rundir import SUMMARY_COLUMNS, TRAIN_METRICS, rollout_schema
-from tests.support.inspector_run import build_run
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from harness.inspector_run import build_run
 from inspector.cli import app as cli_app
 from inspector.server import create_app
-from tests.support.inspector_run import build_run
 
 
 @pytest.fixture(scope="module")

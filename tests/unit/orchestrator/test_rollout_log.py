@@ -8,10 +8,10 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
+from harness.inspector_run import WordTokenizer, build_run, make_group
 from orchestrator.config import RolloutLogConfig
 from orchestrator.rollout_log import RolloutLog, mask_runs, question_of, select
 from searchr1.rundir import TRAIN, Col, RunLayout, rollout_schema
-from tests.support.inspector_run import WordTokenizer, build_run, make_group
 
 
 def _samples(step: int = 0, groups: int = 3, size: int = 4):  # type: ignore[no-untyped-def]

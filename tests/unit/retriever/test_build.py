@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from harness import synthetic
 from retriever.backends.registry import load_index_backend
 from retriever.build import build_index
 from retriever.config import BuildConfig, RetrieverConfig
 from retriever.encoder import DEFAULT_ENCODER, default_encoder_path, resolve_model_path
-from tests.support import synthetic
 
 ROWS = 40
 

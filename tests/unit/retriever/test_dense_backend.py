@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from harness import synthetic
 from retriever.backends.registry import load_backend
 from retriever.config import DenseConfig, RetrieverConfig
 from retriever.encoder import Encoder, EncoderProcess
 from retriever.engine import RetrieverEngine
-from tests.support import synthetic
 
 ROWS = 120
 QUERIES = synthetic.queries(12, corpus_rows=ROWS, seed=5)

@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
+from harness import synthetic
 from retriever.backends.registry import load_backend
 from retriever.build import build_index
 from retriever.config import BuildConfig, RetrieverConfig
 from retriever.encoder import default_encoder_path
-from tests.support import synthetic
 
 ROWS = 60
 

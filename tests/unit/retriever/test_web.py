@@ -5,10 +5,10 @@ import time
 
 import pytest
 
+from harness.retriever_server import FakeSerper
 from retriever.backends.base import BackendUnavailable
 from retriever.backends.web import RateLimiter, WebBackend, to_hits
 from retriever.config import SerperConfig
-from tests.support.retriever_server import FakeSerper
 
 
 @pytest.fixture(scope="module")
