@@ -378,7 +378,7 @@ def uvicorn_server(app: FastAPI, http: HttpConfig) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _exit_cleanly_after_shutdown() -> None:
+def exit_cleanly_after_shutdown() -> None:
     # uvicorn re-raises the captured SIGTERM/SIGINT once its graceful shutdown is done; with
     # the default handlers that kills the process (status 143). No-op handlers let serve()
     # return so the process exits 0. Only possible (and needed) in the main thread.
@@ -389,7 +389,7 @@ def _exit_cleanly_after_shutdown() -> None:
 
 async def serve_http(app: FastAPI, http: HttpConfig) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully (see module docstring)."""
-    _exit_cleanly_after_shutdown()
+    exit_cleanly_after_shutdown()
     server = uvicorn_server(app, http)
     log.info("listening", extra={"host": http.host, "port": http.port})
     await server.serve()

@@ -15,8 +15,6 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import signal
-import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import uvicorn
 from searchr1.bus import TrajectoryBus
 from searchr1.lease import LeaseHeld, RedisLease
 from searchr1.sections import BusConfig
-from searchr1.service import uvicorn_server
+from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 from searchr1.settings import ConfigError
 from trainer.backend import TrainerBackend
 from trainer.backends.registry import BACKENDS
@@ -94,7 +92,7 @@ async def run_trainer(cfg: TrainerSettings, *, resume: bool) -> int:
         return 0
     http = cfg.trainer.http
     rank0 = _Rank0(uvicorn_server(create_app(loop, bus), http))
-    _ignore_signals_after_shutdown()
+    exit_cleanly_after_shutdown()
     log.info("listening", extra={"host": http.host, "port": http.port})
     try:
         async with _run_lease(loop, bus, rank0.lease_lost):
@@ -188,11 +186,3 @@ async def _resumed(loop: TrainingLoop) -> bool:
         log.error("resume failed", extra={"error": repr(e)}, exc_info=e)
         return False
     return True
-
-
-def _ignore_signals_after_shutdown() -> None:
-    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with the default
-    # handler that kills the process (status -15) although everything was saved.
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
