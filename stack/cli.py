@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
 
 # Before anything imports torch/numpy: with several services on a few cores, default thread
 # pools oversubscribe and run 10-100x slower.
@@ -22,8 +22,6 @@ from searchr1.cli_common import ConfigOption, load_or_exit, print_section
 from searchr1.logs import setup_logging
 from stack.config import StackConfig
 from stack.launcher import run_local, run_supervised
-
-T = TypeVar("T")
 
 # Sub-command -> the dotted path of its typer app (or command function), imported only when the
 # sub-command runs: a service process loads its own package, not every service's (torch,
@@ -101,25 +99,32 @@ def _bus_from(config: ConfigOption) -> TrajectoryBus:
     return TrajectoryBus.from_url(cfg.redis.url, cfg.bus)
 
 
-@bus_app.command("stats")
-def bus_stats(config: ConfigOption = None) -> None:
-    """Backlog, pending and dead-letter counts of the trajectory stream."""
-
+def _with_bus(config: ConfigOption, job: Callable[[TrajectoryBus], Awaitable[None]]) -> None:
     async def run() -> None:
         bus = _bus_from(config)
         try:
-            await bus.ensure_group()
-            backlog = await bus.backlog()
-            pending = await bus.pending_count()
-            dead = await bus.dead_letter_count()
-            typer.echo(
-                f"stream={bus.stream} group={bus.group} backlog={backlog} "
-                f"pending={pending} undelivered={backlog - pending} dead_letters={dead}"
-            )
+            await job(bus)
         finally:
             await bus.close()
 
     asyncio.run(run())
+
+
+@bus_app.command("stats")
+def bus_stats(config: ConfigOption = None) -> None:
+    """Backlog, pending and dead-letter counts of the trajectory stream."""
+
+    async def stats(bus: TrajectoryBus) -> None:
+        await bus.ensure_group()
+        backlog = await bus.backlog()
+        pending = await bus.pending_count()
+        dead = await bus.dead_letter_count()
+        typer.echo(
+            f"stream={bus.stream} group={bus.group} backlog={backlog} "
+            f"pending={pending} undelivered={backlog - pending} dead_letters={dead}"
+        )
+
+    _with_bus(config, stats)
 
 
 @bus_app.command("dead-letters")
@@ -133,21 +138,17 @@ def bus_dead_letters(
         value = row.get(key, b"")
         return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
-    async def run() -> None:
-        bus = _bus_from(config)
-        try:
-            for row in await bus.dead_letters(count):
-                # Entries dead-lettered before `reason` existed kept it in `error`.
-                reason = text(row, "reason") or text(row, "error")
-                typer.echo(
-                    f"{row['id']} source={text(row, 'source_id')} tid={text(row, 'tid')} "
-                    f"reason={reason} deliveries={text(row, 'deliveries') or '?'} "
-                    f"size={len(row.get('data', b''))} error={text(row, 'error')!r}"
-                )
-        finally:
-            await bus.close()
+    async def show(bus: TrajectoryBus) -> None:
+        for row in await bus.dead_letters(count):
+            # Entries dead-lettered before `reason` existed kept it in `error`.
+            reason = text(row, "reason") or text(row, "error")
+            typer.echo(
+                f"{row['id']} source={text(row, 'source_id')} tid={text(row, 'tid')} "
+                f"reason={reason} deliveries={text(row, 'deliveries') or '?'} "
+                f"size={len(row.get('data', b''))} error={text(row, 'error')!r}"
+            )
 
-    asyncio.run(run())
+    _with_bus(config, show)
 
 
 @app.command("local")

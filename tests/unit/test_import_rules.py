@@ -71,11 +71,10 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def imports_of(path: Path, modules: dict[str, Path], me: str | None = None) -> set[str]:
-    me = me or module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+def imports_in(source: str, modules: dict[str, Path], me: str, is_init: bool) -> set[str]:
+    package = me if is_init else me.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(source)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -87,9 +86,14 @@ def imports_of(path: Path, modules: dict[str, Path], me: str | None = None) -> s
             names = [f"{base}.{a.name}" for a in node.names] + [base]
         for name in names:
             target = resolve(name, modules)
-            if target is not None and target != me:
+            if target is not None:
                 found.add(target)
     return found
+
+
+def imports_of(path: Path, modules: dict[str, Path], me: str | None = None) -> set[str]:
+    me = me or module_name(path)
+    return imports_in(path.read_text(), modules, me, path.name == "__init__.py") - {me}
 
 
 @pytest.fixture(scope="module")
@@ -119,32 +123,12 @@ def local_imports(
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
             source = "\n".join(lines[node.lineno - 1 : node.end_lineno]).strip()
-            targets = _imports_in(source, modules, me, path.name == "__init__.py") - {me}
+            targets = imports_in(source, modules, me, path.name == "__init__.py") - {me}
             if targets:
                 above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
                 reason = "#" in lines[node.lineno - 1] or above.startswith("#")
                 found.add((node.lineno, max(targets, key=len), reason))
     return sorted(found)
-
-
-def _imports_in(source: str, modules: dict[str, Path], me: str, is_init: bool) -> set[str]:
-    package = me if is_init else me.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, base] if base else parent)
-            names = [f"{base}.{a.name}" for a in node.names] + [base]
-        for name in names:
-            target = resolve(name, modules)
-            if target is not None:
-                found.add(target)
-    return found
 
 
 def top(module: str) -> str:
