@@ -6,10 +6,10 @@ later in the middle of a run (slime resolves its hooks lazily).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+
+from searchr1.dotted import load_object, split_path
 
 
 class HookError(ValueError):
@@ -21,21 +21,16 @@ def load_hook(path: str, *, field: str, n_args: int, is_async: bool | None = Non
 
     `is_async`: True requires a coroutine function, False forbids one, None allows both.
     """
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise HookError(f"{field}: {path!r} is not a dotted path like 'pkg.module:function'")
     try:
-        module = importlib.import_module(module_name)
+        module_name, attr = split_path(path)
+    except ValueError as e:
+        raise HookError(f"{field}: {e}") from None
+    try:
+        fn = load_object(path)
     except ImportError as e:
         raise HookError(f"{field}: cannot import module {module_name!r}: {e}") from e
-    fn: Any = module
-    for part in attr.split("."):
-        try:
-            fn = getattr(fn, part)
-        except AttributeError as e:
-            raise HookError(f"{field}: module {module_name!r} has no {attr!r}") from e
+    except AttributeError as e:
+        raise HookError(f"{field}: module {module_name!r} has no {attr!r}") from e
     if not callable(fn):
         raise HookError(f"{field}: {path!r} is not callable")
     check_signature(fn, field=field, n_args=n_args)

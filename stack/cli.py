@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import importlib
 
 import click
 import typer
@@ -19,6 +18,7 @@ from typer.core import TyperGroup
 
 from searchr1.bus import TrajectoryBus
 from searchr1.cli_common import ConfigOption, load_or_exit, print_section
+from searchr1.dotted import load_object
 from searchr1.logs import setup_logging
 from stack.config import StackConfig
 from stack.launcher import run_local, run_supervised
@@ -41,8 +41,7 @@ COMMANDS: dict[str, str] = {
 def load_command(name: str, target: str) -> click.Command:
     """The click command of `module:attr`: a typer app (always a group, even with one
     sub-command, as `add_typer` makes it) or a plain command function."""
-    module, _, attr = target.partition(":")
-    obj = getattr(importlib.import_module(module), attr)
+    obj = load_object(target)
     if isinstance(obj, typer.Typer):
         command: click.Command = typer.main.get_group(obj)
     else:

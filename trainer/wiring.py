@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import uvicorn
 
 from searchr1.bus import TrajectoryBus
+from searchr1.dotted import load_object
 from searchr1.lease import LeaseHeld, RedisLease
 from searchr1.sections import BusConfig
 from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
@@ -43,8 +43,7 @@ BackendLoader = Callable[[TrainerConfig, DistInfo], TrainerBackend]
 def backend_loader(name: str) -> BackendLoader:
     """The loader `trainer.backends.registry` names for `name`, imported now: only the chosen
     backend's dependencies load (megatron-core is optional)."""
-    module, _, attr = BACKENDS[name].partition(":")
-    loader: BackendLoader = getattr(importlib.import_module(module), attr)
+    loader: BackendLoader = load_object(BACKENDS[name])
     return loader
 
 
