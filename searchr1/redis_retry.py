@@ -17,10 +17,11 @@ republished trajectory is consumed once, see `searchr1.bus`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -59,11 +60,40 @@ class RedisUnavailable(RuntimeError):
     """Redis stayed unreachable past the retry deadline."""
 
 
+def raise_swallowed_cancel(task: asyncio.Task[object] | None, cancels_before: int) -> None:
+    """Raise CancelledError if `task` was cancelled since it had `cancels_before` requests.
+
+    redis-py (8.1) sends and reads under `asyncio.wait_for`, which on Python 3.11 returns the
+    result when a cancel lands as the socket operation completes (3.12's does not): the command
+    then returns normally, or raises what the reply says, and the cancel is lost. A SIGTERM'd
+    orchestrator step went on claiming groups (tests/unit/searchr1/test_redis_retry_cancel.py,
+    tests/unit/orchestrator/test_partition.py). A cleanup running after a cancel started with
+    the count already up, and is not cancelled again."""
+    if task is not None and task.cancelling() > cancels_before:
+        raise asyncio.CancelledError
+
+
+def _cancels(task: asyncio.Task[object] | None) -> int:
+    return task.cancelling() if task is not None else 0
+
+
+class CancellableRedis(aioredis.Redis):
+    """The asyncio client, with a swallowed cancellation raised after each command."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        task = asyncio.current_task()
+        before = _cancels(task)
+        try:
+            return await super().execute_command(*args, **options)
+        finally:  # an error reply too (a script's NOSCRIPT, retried with the cancel lost)
+            raise_swallowed_cancel(task, before)
+
+
 def connect(url: str, **kwargs: object) -> aioredis.Redis:
     """An asyncio client whose own retries are off: `RedisRetry` is the only policy, so a
     deadline means what it says (redis-py's default retries would add their own waits)."""
     kwargs.setdefault("socket_connect_timeout", 2.0)
-    return aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+    return CancellableRedis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
 class RedisRetry:
@@ -120,10 +150,15 @@ class RedisRetry:
             before_sleep=before_sleep,
             reraise=True,
         )
+        task = asyncio.current_task()
+        cancels_before = _cancels(task)
         try:
             async for attempt in retrying:
                 with attempt:
-                    result = await fn()
+                    try:
+                        result = await fn()
+                    finally:  # pipelines too; an error would be retried with the cancel lost
+                        raise_swallowed_cancel(task, cancels_before)
         except RETRYABLE as e:
             self._outage_since = None  # the next outage is logged again
             raise self.error(

@@ -11,14 +11,14 @@ import redis.asyncio as aioredis
 
 from orchestrator.config import PartitionConfig
 from orchestrator.partition import CLAIMS_LOST, RECLAIMED, StepClaims
-from searchr1.redis_retry import RedisRetry
+from searchr1.redis_retry import RedisRetry, connect
 
 IDS = [f"run/0/p{i}" for i in range(12)]
 
 
 @pytest.fixture
 async def redis(redis_server):  # type: ignore[no-untyped-def]
-    r = aioredis.Redis.from_url(redis_server.url)
+    r = connect(redis_server.url)  # the client the services use
     yield r
     await r.aclose()
 
@@ -129,6 +129,32 @@ async def test_a_stopped_worker_hands_its_groups_back_at_once(redis) -> None:  #
     # A 60 s TTL, yet the next worker gets all three immediately.
     out = await asyncio.wait_for(claims(redis, "next").run_step(0, IDS[:3], run), 5)
     assert sorted(out) == sorted(IDS[:3])
+
+
+async def test_a_step_cancelled_at_any_point_is_cancelled(redis) -> None:  # type: ignore[no-untyped-def]
+    """The flake of the test above, made certain: a cancel that lands inside a Redis call of
+    the step was swallowed by redis-py, and the step ran on (RedisRetry raises it now)."""
+
+    async def hang(gid: str) -> str:
+        await asyncio.sleep(60)
+        return gid
+
+    def step(k: int):  # type: ignore[no-untyped-def]
+        ids = [f"run{k}/0/p{i}" for i in range(3)]
+        return claims(redis, f"w{k}", ttl=60.0, max_groups=3).run_step(0, ids, hang)
+
+    lost = []
+    for k in range(40):
+        task = asyncio.create_task(step(k))
+        for _ in range(k):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await asyncio.wait_for(task, 5)
+            lost.append(k)
+        except asyncio.CancelledError:
+            pass
+    assert not lost, f"cancellation swallowed at loop iterations {lost}"
 
 
 async def test_an_error_in_a_group_ends_the_step_and_releases_the_rest(redis) -> None:  # type: ignore[no-untyped-def]
