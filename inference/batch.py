@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]
+from inference.prefix_cache import KVRow
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [B, heads, L, dim]
 
 
 def _lpad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -23,26 +25,63 @@ def _lpad(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def prefill(
-    model: Any, seqs: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, KV, list[int]]:
-    """One left-padded forward over `seqs`: (last-position fp32 logits [n, V], KV, pads)."""
+    model: Any,
+    seqs: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    cached: list[KVRow | None] | None = None,
+) -> tuple[torch.Tensor, KV, list[int], list[int]]:
+    """One left-padded forward over `seqs`: (last-position fp32 logits [n, V], KV, pads, used).
+
+    `cached[i]`, when given, is the K/V (`[heads, c, dim]` per layer) of the first c tokens of
+    `seqs[i]` (c < len(seqs[i]): the last token is always computed, for its logits). The pass
+    feeds S = the longest uncached tail as input on top of a past of P columns, so every row
+    ends at column P + S: row i (t tokens) starts at column P + S - t, its first `used[i]` =
+    max(0, t - S) tokens come from `cached[i]` (left-padded with zeros into the past) and the
+    rest is input, left-padded too. A row whose tail is shorter than S recomputes some cached
+    tokens: the pass costs what its longest tail costs, whatever the others' hits.
+    """
     from transformers import DynamicCache
 
-    length = max(len(s) for s in seqs)
-    pads = [length - len(s) for s in seqs]
-    pad = torch.tensor(pads, device=device)
-    ids = torch.tensor([[pad_id] * p + s for p, s in zip(pads, seqs, strict=True)], device=device)
-    cols = torch.arange(length, device=device)
+    lengths = [len(s) for s in seqs]
+    hits = [0 if c is None else c[0][0].shape[1] for c in cached or [None] * len(seqs)]
+    assert all(h < t for h, t in zip(hits, lengths, strict=True)), "the last token is computed"
+    new = max(t - h for t, h in zip(lengths, hits, strict=True))  # S
+    past = max(lengths) - new  # P; the longest row takes `past` tokens from its cache
+    used = [max(0, t - new) for t in lengths]
+    starts = [past + new - t for t in lengths]  # each row's first column
+    start = torch.tensor(starts, device=device)
+    rows = [s[u:] for s, u in zip(seqs, used, strict=True)]
+    ids = torch.tensor([[pad_id] * (new - len(r)) + r for r in rows], device=device)
+    cols = torch.arange(past + new, device=device)
+    if past:
+        assert cached is not None
+        ref = next(c for c, u in zip(cached, used, strict=True) if u)  # shape/dtype donor
+        layers = []
+        for layer, (k0, _) in enumerate(ref):
+            ks, vs = [], []
+            for c, u in zip(cached, used, strict=True):
+                k = k0.new_zeros(k0.shape[0], past, k0.shape[2])
+                v = torch.zeros_like(k)
+                if u:
+                    assert c is not None
+                    k[:, past - u :], v[:, past - u :] = c[layer][0][:, :u], c[layer][1][:, :u]
+                ks.append(k)
+                vs.append(v)
+            layers.append((torch.stack(ks), torch.stack(vs)))
+        cache = DynamicCache(ddp_cache_data=layers, config=model.config)
+    else:
+        cache = DynamicCache(config=model.config)
     out = model(
         input_ids=ids,
-        attention_mask=(cols[None, :] >= pad[:, None]).long(),
-        position_ids=(cols[None, :] - pad[:, None]).clamp(min=0),
-        past_key_values=DynamicCache(config=model.config),
+        attention_mask=(cols[None, :] >= start[:, None]).long(),
+        position_ids=(cols[None, past:] - start[:, None]).clamp(min=0),
+        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-    return out.logits[:, -1].float(), kv, pads
+    return out.logits[:, -1].float(), kv, starts, used
 
 
 class RunningBatch:
@@ -86,6 +125,10 @@ class RunningBatch:
         self.kv = [(k[idx, :, trim:], v[idx, :, trim:]) for k, v in self.kv]
         self.pad = [p - trim for p in pads]
         self.rows = [self.rows[i] for i in keep]
+
+    def row_kv(self, i: int) -> KVRow:
+        """Row i's K/V without its padding: per layer `[heads, n, dim]` (views)."""
+        return [(k[i, :, self.pad[i] :], v[i, :, self.pad[i] :]) for k, v in self.kv]
 
     def clear(self) -> None:
         self.rows, self.pad, self.kv = [], [], []

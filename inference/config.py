@@ -32,6 +32,13 @@ class TorchEngineConfig(Section):
     weight_group_timeout_s: float = Field(
         default=600.0, gt=0, description="Timeout of collectives on the weight-update group."
     )
+    prefix_cache_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Prefix cache budget in tokens (0 = off): a radix tree of K/V over token "
+        "ids, LRU-evicted, flushed on every weight update; a prompt's cached prefix is not "
+        "prefilled again (multi-turn samples, GRPO groups sharing a prompt).",
+    )
     pause_lease_s: float = Field(
         default=60.0,
         gt=0,

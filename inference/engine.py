@@ -2,7 +2,8 @@
 
 One scheduler thread owns the model. Each iteration it
 1. runs queued control commands (weight updates, flush) - so updates land between decode steps;
-2. admits waiting requests: those arriving together are prefilled together (left-padded);
+2. admits waiting requests: those arriving together are prefilled together (left-padded),
+   each on top of its longest cached prefix when the prefix cache is on (`prefix_cache.py`);
 3. samples one token for every running request from its last logits and retires finished ones;
 4. runs ONE batched decode step over the remaining requests.
 The running batch (`inference.batch.RunningBatch`) keeps a left-padded KV cache that grows by
@@ -31,6 +32,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
+from inference.prefix_cache import PrefixCache
 from inference.requests import CommandResult, GenerateOutput, Request
 from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
 from searchr1.weightsync.protocol import Bucket, GroupJoin
@@ -53,6 +55,16 @@ REJECTED = Counter("searchr1_inference_rejected_total", "Rejected generate reque
 PAUSE_EXPIRED = Counter(
     "searchr1_inference_pause_leases_expired_total",
     "Pauses that ran out without a continue_generation (the trainer vanished mid-push)",
+)
+
+PREFILL_TOKENS = Counter(
+    "searchr1_inference_prefill_tokens_total",
+    "Prompt (and re-admitted) tokens at admission: computed by a prefill, or served from the "
+    "prefix cache",
+    ["source"],
+)
+PREFIX_CACHE_TOKENS = Gauge(
+    "searchr1_inference_prefix_cache_tokens", "Tokens held in the prefix cache"
 )
 
 PAUSE_MODES = ("abort", "in_place", "retract")
@@ -95,6 +107,9 @@ class TorchEngine:
         self.weights = WeightLoader(self.model, timeout_s=self.cfg.weight_group_timeout_s)
         self.weight_version = 0
         self._session_version: int | None = None  # carried by the open update session
+        # Used by the scheduler thread only (commands included), so it needs no lock.
+        budget = self.cfg.prefix_cache_tokens
+        self.prefix_cache = PrefixCache(budget) if budget else None
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -216,15 +231,24 @@ class TorchEngine:
         )
 
     async def flush_cache(self) -> None:
-        # No prefix cache to drop: the per-request KV lives only while a request runs.
-        await self.run_command(lambda: None)
+        await self.run_command(self._flush_prefix_cache)
+
+    def _flush_prefix_cache(self) -> None:
+        """Scheduler thread: drop the prefix cache, as SGLang does on every weight update.
+        Running requests keep their K/V but, being of the old generation, do not insert it."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.flush()
+            PREFIX_CACHE_TOKENS.set(0)
 
     async def update_weights_from_disk(self, model_path: str, version: int | None = None) -> int:
         """Load a checkpoint; the served version becomes `version` (unchanged when None, as
         in SGLang). Returns the version."""
 
         def do() -> int:
-            self.weights.load_from_disk(Path(model_path))
+            try:
+                self.weights.load_from_disk(Path(model_path))
+            finally:  # even a failed load may have changed some weights: nothing cached stays
+                self._flush_prefix_cache()
             self.model_path = str(model_path)
             return self._set_version(version)
 
@@ -246,7 +270,10 @@ class TorchEngine:
         def do() -> int:
             self._renew_pause()
             version, self._session_version = self._session_version, None
-            self.weights.end_session()
+            try:
+                self.weights.end_session()
+            finally:
+                self._flush_prefix_cache()
             return self._set_version(version)
 
         return await self.run_command(do)
@@ -432,10 +459,41 @@ class TorchEngine:
         # sampled one, which the next decode step feeds in, so its logits come from there).
         seqs = [r.input_ids + r.output_ids[:-1] if r.output_ids else r.input_ids for r in reqs]
         pad_id = self.tokenizer.pad_token_id or 0
-        logits, kv, pads = prefill(self.model, seqs, pad_id, self.device)
+        cache = self.prefix_cache
+        # The last token is always computed: its logits are what admission is for.
+        hits = [cache.match(s[:-1])[1] for s in seqs] if cache else None
+        logits, kv, pads, used = prefill(self.model, seqs, pad_id, self.device, hits)
         for i, req in enumerate(reqs):
             req.next_logits = None if req.output_ids else logits[i]
+            PREFILL_TOKENS.labels("cached").inc(used[i])
+            PREFILL_TOKENS.labels("computed").inc(len(seqs[i]) - used[i])
         self._batch.add(reqs, kv, pads)
+        if cache is None:
+            return
+        # Locks only once they are in the batch, whose clearing (abort, retract, a failed
+        # step) gives every lock back.
+        for i, req in enumerate(reqs):
+            if not req.output_ids:  # its prompt's first admission (not a re-admission)
+                req.cached_tokens = used[i]
+            cache.insert(seqs[i], [(k[i, :, pads[i] :], v[i, :, pads[i] :]) for k, v in kv])
+            req.cache_lease = cache.lock(seqs[i])
+            req.cache_generation = cache.generation
+        PREFIX_CACHE_TOKENS.set(cache.stats.tokens)
+
+    def _release_cache(self, req: Request, row: int | None = None) -> None:
+        """A request leaves the batch: unlock its prefix; when it finished (`row`: its batch
+        row), store prompt + output first, so the next turn of its conversation finds it."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        if row is not None and req.cache_generation == cache.generation:
+            kv = self._batch.row_kv(row)  # prompt + output but the last sampled token
+            n = kv[0][0].shape[1]
+            cache.insert((req.input_ids + req.output_ids)[:n], kv)
+            PREFIX_CACHE_TOKENS.set(cache.stats.tokens)
+        if req.cache_lease is not None:
+            cache.unlock(req.cache_lease)
+            req.cache_lease = None
 
     def _sample_and_retire(self) -> None:
         keep: list[int] = []
@@ -454,11 +512,13 @@ class TorchEngine:
         sampled = {id(r) for r in todo}
         for i, req in enumerate(self._running):
             if req.cancelled:
+                self._release_cache(req)
                 self._finish(req, {"type": "abort", "message": "client disconnected"})
                 continue
             if id(req) in sampled:
                 reason = self._finish_reason(req, req.output_ids[-1])
                 if reason is not None:
+                    self._release_cache(req, row=i)
                     self._finish(req, reason)
                     continue
             keep.append(i)
@@ -501,6 +561,7 @@ class TorchEngine:
                 prompt_tokens=len(req.input_ids),
                 weight_version=self.weight_version,
                 version_events=list(req.version_events),
+                cached_tokens=req.cached_tokens,
             )
         )
 
@@ -510,6 +571,8 @@ class TorchEngine:
             req.next_logits = row
 
     def _clear_batch(self) -> None:
+        for req in self._running:  # aborted, retracted or failed: nothing stays locked
+            self._release_cache(req)
         self._batch.clear()
         RUNNING.set(0)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from inference.prefix_cache import Lease
 from inference.sampling import SamplingParams
 
 
@@ -28,6 +29,7 @@ class GenerateOutput:
     weight_version: int
     # (old version, output tokens made so far) at each weight change while this request ran
     version_events: list[tuple[int, int]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     def weight_versions(self) -> list[dict[str, Any]]:
         """SGLang's `meta_info.weight_versions`: which version made which output tokens, as
@@ -52,7 +54,7 @@ class GenerateOutput:
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
         }
         spans = self.weight_versions()
         # As SGLang: the version of the last span, i.e. of the weights that made the output's end.
@@ -78,6 +80,9 @@ class Request:
     next_logits: torch.Tensor | None = None
     cancelled: bool = False
     version_events: list[tuple[int, int]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens its first admission took from the prefix cache
+    cache_lease: Lease | None = None  # held while it runs: its prefix is not evicted
+    cache_generation: int = -1  # the cache generation its K/V belongs to (stale after a flush)
 
     def resolve(self, out: GenerateOutput | BaseException) -> None:
         def set_it() -> None:
