@@ -178,18 +178,21 @@ class InferenceClient:
         loop = asyncio.get_running_loop()
         deadline = None if budget is None else loop.time() + budget
         last: Exception | None = None
+        out_of_time = False  # the deadline, not the retry count, ended the attempts
         body = None if json is None else dumps(json)
         for attempt in range(attempts):
             if attempt:
                 CLIENT_RETRIES.labels(path).inc()
                 delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
                 if deadline is not None and loop.time() + delay >= deadline:
+                    out_of_time = True
                     break
                 await asyncio.sleep(delay)
             timeout_s, connect_s = self.timeout_s, min(10.0, self.timeout_s)
             if deadline is not None:
                 left = deadline - loop.time()
                 if left <= 0:
+                    out_of_time = True
                     break
                 timeout_s, connect_s = min(left, self.timeout_s), min(10.0, left)
             try:
@@ -214,7 +217,8 @@ class InferenceClient:
                 return resp.text
         CLIENT_FAILURES.labels(path, "unavailable").inc()
         log.warning("inference call failed", extra={"path": path, "error": str(last)})
-        if deadline is not None and loop.time() >= deadline - self.backoff_s:
+        # The last attempt may itself have timed out at the deadline, with retries left.
+        if out_of_time or (deadline is not None and loop.time() >= deadline - self.backoff_s):
             raise InferenceUnavailable(
                 f"{path}: no answer within the call's deadline of {budget}s "
                 f"(last: {type(last).__name__}: {last})"

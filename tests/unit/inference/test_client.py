@@ -111,6 +111,25 @@ async def test_a_call_never_outlives_its_total_deadline() -> None:
     await c.aclose()
 
 
+async def test_retries_stopped_by_the_deadline_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next retry's backoff would end past the deadline: the call stops there, and says the
+    deadline stopped it (it raised the last 503 alone, as if retries had run out: the test
+    above flaked on it)."""
+    import inference.client as client_module
+
+    monkeypatch.setattr(client_module.random, "random", lambda: 0.9)  # backoff 0.8 x 1.4
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"detail": "busy"})
+
+    c = InferenceClient(
+        "http://x", max_retries=50, backoff_s=0.8, transport=httpx.MockTransport(busy)
+    )
+    with pytest.raises(InferenceUnavailable, match=r"deadline of 1.0s \(last: .*busy"):
+        await c.generate([1], max_new_tokens=1, deadline_s=1.0)
+    await c.aclose()
+
+
 async def test_model_info_falls_back_to_the_old_route() -> None:
     seen: list[str] = []
 
