@@ -83,7 +83,7 @@ def serve(
                 fg="red",
             )
             raise typer.Exit(2)
-    # Lazy: the engine loads torch, which `searchr1 --help` and the other commands do not need.
+    # Lazy: the engine loads torch, which `inference --help` and `show-config` do not need.
     from inference import wiring
 
     raise typer.Exit(wiring.serve(cfg, replicas=replicas))
@@ -111,7 +111,7 @@ def push_weights(
     """
     from safetensors.torch import load_file
 
-    # Lazy: torch (the broadcast), which `searchr1 --help` and the other commands do not need.
+    # Lazy: torch (the broadcast), which `inference --help` and `show-config` do not need.
     from searchr1.weightsync import group, sender
 
     try:
