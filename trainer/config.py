@@ -6,6 +6,7 @@ checkpoints, weight push); defaults follow spec section 5 (slime's Search-R1 rec
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,11 @@ from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
 from trainer.backends.megatron.config import MegatronConfig
 from trainer.backends.registry import BACKENDS
+
+# A user's backend loader named by dotted path (`pkg.module:loader`; the colon is required, so
+# a mistyped registry name is not taken for a module). Checked for form only: the config is a
+# leaf, the loader is imported (and its signature checked) when the trainer starts.
+DOTTED_LOADER = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
 
 class AdvantageConfig(Section):
@@ -209,7 +215,9 @@ class TrainerConfig(Section):
     backend: str = Field(
         default="hf",
         description="hf (Hugging Face model, one process or FSDP2) or megatron (Megatron-Core, "
-        "TP x PP x DP): a name of trainer.backends.registry.",
+        "TP x PP x DP): a name of trainer.backends.registry; or a user's backend by dotted path "
+        "`pkg.module:loader` (a loader takes (TrainerConfig, DistInfo) and returns a "
+        "TrainerBackend; loaded and signature-checked at start-up).",
     )
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -234,8 +242,11 @@ class TrainerConfig(Section):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, name: str) -> str:
-        if name not in BACKENDS:
-            raise ValueError(f"unknown backend {name!r}: one of {', '.join(BACKENDS)}")
+        if name not in BACKENDS and not DOTTED_LOADER.fullmatch(name):
+            raise ValueError(
+                f"unknown backend {name!r}: one of {', '.join(BACKENDS)}, or a dotted path "
+                "'pkg.module:loader'"
+            )
         return name
 
     @model_validator(mode="after")

@@ -33,7 +33,14 @@ from trainer.backend import TrainerBackend
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo, broadcast_object
-from trainer.metrics import CHECKPOINT_SECONDS, ERRORS, JsonlLog, OptionalSinks, record_step
+from trainer.metrics import (
+    CHECKPOINT_SECONDS,
+    ERRORS,
+    JsonlLog,
+    OptionalSinks,
+    record_step,
+    staleness_metrics,
+)
 from trainer.step import train_on
 from trainer.weights import WeightPusher
 
@@ -256,6 +263,9 @@ class TrainingLoop:
                     break
                 wait_s = time.perf_counter() - t0
                 metrics = await self._train(trajs)
+                metrics.update(
+                    staleness_metrics([t.weight_version for t in trajs], self.status.step)
+                )
                 step = self.status.step = self.status.step + 1
                 self._unacked += receipts
                 metrics["time/wait_data_s"] = wait_s

@@ -40,6 +40,20 @@ CHECKPOINT_SECONDS = Histogram(
 ERRORS = Counter("searchr1_trainer_errors_total", "Failures by stage", ["stage"])
 
 
+def staleness_metrics(weight_versions: list[int], trainer_version: int) -> dict[str, float]:
+    """How many versions behind the weights being trained each trajectory was generated:
+    `trainer_version` (the steps trained before this one: the version pushed after step k is
+    k) minus its oldest turn's version. Sync rollouts give 0; async ones up to max_staleness.
+    Mean, max, and a count per value (`staleness/count_<k>`: a histogram, small keys)."""
+    if not weight_versions:
+        return {}
+    lags = [max(trainer_version - v, 0) for v in weight_versions]
+    out = {"staleness/mean": sum(lags) / len(lags), "staleness/max": float(max(lags))}
+    for lag in sorted(set(lags)):
+        out[f"staleness/count_{lag}"] = float(lags.count(lag))
+    return out
+
+
 def record_step(step: int, metrics: dict[str, float]) -> None:
     STEPS.inc()
     STEP.set(step)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -41,9 +42,21 @@ BackendLoader = Callable[[TrainerConfig, DistInfo], TrainerBackend]
 
 
 def backend_loader(name: str) -> BackendLoader:
-    """The loader `trainer.backends.registry` names for `name`, imported now: only the chosen
-    backend's dependencies load (megatron-core is optional)."""
-    loader: BackendLoader = load_object(BACKENDS[name])
+    """The loader `trainer.backends.registry` names for `name` (or `name` itself, a dotted path
+    `pkg.module:loader` to a user's backend), imported now: only the chosen backend's
+    dependencies load (megatron-core is optional). ConfigError: a dotted path that does not
+    import, or whose object cannot be called as `loader(TrainerConfig, DistInfo)`."""
+    path = BACKENDS.get(name, name)
+    try:
+        loader: BackendLoader = load_object(path)
+        inspect.signature(loader).bind(None, None)
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        if name in BACKENDS:
+            raise  # a built-in backend's own failure (megatron-core missing): not the config's
+        raise ConfigError(
+            f"trainer.backend {name!r}: not a loader(TrainerConfig, DistInfo): "
+            f"{type(e).__name__}: {e}"
+        ) from None
     return loader
 
 
