@@ -164,7 +164,11 @@ def ensure_sglang_env() -> Path:
     )
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
     _check(
-        [python, "-c", "import torchvision, sgl_kernel, sglang.srt.entrypoints.http_server"],
+        [
+            python,
+            "-c",
+            "import torchvision, sgl_kernel, sglang.srt.entrypoints.http_server, sglang_router",
+        ],
         fail("importing sglang in .venv-sglang"),
         env=env,
     )

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from inference.sglang_launcher import cpu_settings
+from inference.config import InferenceConfig
+from inference.sglang_launcher import cpu_settings, router_command
 from searchr1.redis_server import free_port
 from searchr1.supervisor import ServiceProcess, ServiceSpec
 
@@ -62,6 +63,46 @@ class InferenceServerProcess(ServiceProcess):
             "inference", command, ready_url=f"{self.url}/ready", env=env,
             ready_timeout_s=ready_timeout_s,
         )  # fmt: skip
+        super().__init__(spec)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class RouterProcess(ServiceProcess):
+    """sglang-router (`python -m sglang_router.launch_router`, with `python` the interpreter
+    that has it) in front of `worker_urls`, on a free loopback port, with the command line our
+    launcher gives it (`inference.sglang_launcher.router_command`)."""
+
+    def __init__(
+        self,
+        worker_urls: list[str],
+        *,
+        python: str,
+        policy: str = "manual",
+        assignment_mode: str = "min_load",
+        port: int | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.port = port or free_port()
+        cfg = InferenceConfig.model_validate(
+            {
+                "engine": "sglang",
+                "http": {"host": "127.0.0.1", "port": self.port},
+                "sglang": {
+                    "router_python": python,
+                    "router_policy": policy,
+                    "router_assignment_mode": assignment_mode,
+                },
+            }
+        )
+        spec = ServiceSpec(
+            "router",
+            router_command(cfg, worker_urls),
+            ready_url=f"{self.url}/health",
+            ready_timeout_s=ready_timeout_s,
+        )
         super().__init__(spec)
 
     @property

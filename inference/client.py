@@ -35,6 +35,10 @@ CLIENT_FAILURES = Counter(
 )
 
 
+# sglang-router's sticky-session key (its `manual` policy; SGLang's own servers ignore it).
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
 class InferenceError(Exception):
     """Any failure of an inference call."""
 
@@ -64,6 +68,7 @@ class GenerateResult:
     completion_tokens: int
     weight_version: int  # the weights of the last token
     start_weight_version: int  # the weights of the first token (differs if an update landed)
+    cached_tokens: int = 0  # prompt tokens the engine served from its prefix cache
 
 
 def parse_weight_version(value: Any) -> int:
@@ -103,6 +108,7 @@ def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult
         completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
         weight_version=parse_weight_version(meta.get("weight_version")),
         start_weight_version=parse_start_version(meta),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
     )
 
 
@@ -170,6 +176,7 @@ class InferenceClient:
         *,
         retries: int | None = None,
         deadline_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """One call with its retries, all within `deadline_s` (default: the client's) when set:
         no attempt outlives it and no retry starts past it."""
@@ -197,7 +204,7 @@ class InferenceClient:
                 timeout_s, connect_s = min(left, self.timeout_s), min(10.0, left)
             try:
                 resp = await self._http.request(
-                    method, path, body, timeout_s=timeout_s, connect_s=connect_s
+                    method, path, body, timeout_s=timeout_s, connect_s=connect_s, headers=headers
                 )
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 # A timed-out request's connection is closed: our engine aborts its work.
@@ -241,7 +248,12 @@ class InferenceClient:
         return_logprob: bool = True,
         seed: int | None = None,
         deadline_s: float | None = None,
+        routing_key: str | None = None,
     ) -> GenerateResult:
+        """One `/generate` call. `routing_key` keeps the calls that share it on one engine
+        behind sglang-router's `manual` policy (the `X-SMG-Routing-Key` header; engines ignore
+        it) and in `EnginePool`: the turns of a sample, or the samples of a group, meet the
+        prefix cache that their earlier calls filled."""
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "temperature": temperature,
@@ -259,7 +271,10 @@ class InferenceClient:
         self._check_ids(stop_token_ids or [], "stop_token_ids")
         body = {"input_ids": input_ids, "sampling_params": params}
         body["return_logprob"] = return_logprob
-        data = await self._request("POST", "/generate", body, deadline_s=deadline_s)
+        headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
+        data = await self._request(
+            "POST", "/generate", body, deadline_s=deadline_s, headers=headers
+        )
         return parse_generate(data, return_logprob)
 
     def _check_ids(self, ids: list[int], field: str) -> None:

@@ -71,6 +71,18 @@ class SglangConfig(Section):
     router_python: str | None = Field(
         default=None, description="Interpreter with sglang-router; default: `python`."
     )
+    router_policy: Literal["manual", "cache_aware", "round_robin", "random", "power_of_two"] = (
+        Field(
+            default="manual",
+            description="sglang-router's --policy. manual: calls that share an X-SMG-Routing-Key "
+            "(orchestrator.rollout.routing_key) stay on one server, so later turns meet their "
+            "prefix cache; a server that fails its health checks hands its keys on.",
+        )
+    )
+    router_assignment_mode: Literal["min_load", "min_group", "random"] = Field(
+        default="min_load",
+        description="sglang-router's --assignment-mode (manual policy): where a new key goes.",
+    )
     start_timeout_s: float = Field(default=600.0, gt=0)
     restart_backoff_s: float = Field(default=5.0, gt=0)
     max_restarts: int = Field(default=5, ge=0, description="Restarts in a row before giving up.")

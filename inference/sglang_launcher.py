@@ -66,13 +66,17 @@ def sglang_command(
 
 
 def router_command(cfg: InferenceConfig, worker_urls: list[str]) -> list[str]:
-    python = cfg.sglang.router_python or cfg.sglang.python
-    return [
-        python, "-m", "sglang_router.launch_router",
+    s = cfg.sglang
+    cmd = [
+        s.router_python or s.python, "-m", "sglang_router.launch_router",
         "--worker-urls", *worker_urls,
         "--host", cfg.http.host,
         "--port", str(cfg.http.port),
+        "--policy", s.router_policy,
     ]  # fmt: skip
+    if s.router_policy == "manual":
+        cmd += ["--assignment-mode", s.router_assignment_mode]
+    return cmd
 
 
 def cpu_settings(python: str) -> dict[str, Any]:

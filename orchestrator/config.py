@@ -111,6 +111,14 @@ class RolloutLogConfig(Section):
     evaluations: bool = Field(default=True, description="Log every held-out evaluation sample.")
 
 
+class RoutingKey(StrEnum):
+    """What keeps engine calls together on one engine, for its prefix cache."""
+
+    GROUP = "group"  # a group's samples share their prompt, and each its own earlier turns
+    SAMPLE = "sample"  # a sample's turns only: spreads a group over engines
+    NONE = "none"  # no key: the router's (or the pool's least-loaded) choice per call
+
+
 class RolloutConfig(Section):
     turn_semantics: TurnSemantics = TurnSemantics.SLIME
     max_turns: int = Field(default=2, ge=1)
@@ -134,6 +142,12 @@ class RolloutConfig(Section):
     )
     custom_generate: str | None = Field(
         default=None, description="Dotted path `pkg.mod:fn` replacing the multi-turn loop."
+    )
+    routing_key: RoutingKey = Field(
+        default=RoutingKey.GROUP,
+        description="Sent with every engine call (sglang-router's X-SMG-Routing-Key; "
+        "orchestrator.engine_urls routes by it too) so that a sample's turns, and by default "
+        "its group's samples, land on the engine whose prefix cache holds their context.",
     )
 
 
@@ -167,7 +181,23 @@ class OrchestratorHttpConfig(HttpConfig):
 
 class OrchestratorConfig(Section):
     http: OrchestratorHttpConfig = Field(default_factory=OrchestratorHttpConfig)
-    engine_url: str = "http://127.0.0.1:30000"
+    engine_url: str = Field(
+        default="http://127.0.0.1:30000",
+        description="The engine, or sglang-router in front of several (`--policy manual "
+        "--assignment-mode min_load` keeps rollout.routing_key's calls together).",
+    )
+    engine_urls: list[str] = Field(
+        default_factory=list,
+        description="Several engines without a router: the orchestrator routes over them "
+        "itself (inference.pool.EnginePool: by rollout.routing_key, least-loaded, failover) "
+        "and waits for the oldest weight version among them. Replaces engine_url.",
+    )
+    engine_spill_at_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="With engine_urls: a call whose engine already runs this many (its "
+        "--max-running-requests) goes to the least-loaded engine instead. None: never.",
+    )
     tokenizer_path: str | None = Field(
         default=None, description="Default: the engine's model_path (from /get_model_info)."
     )

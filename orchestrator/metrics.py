@@ -67,6 +67,14 @@ EVAL_SCORE = Gauge(
     "Greedy validation score on the fixed subset (last evaluation)",
     ["data_source", "metric"],
 )
+PREFIX_TOKENS = Counter(
+    "searchr1_rollout_prefix_tokens_total",
+    "Input tokens of generate calls that an engine's prefix cache could serve (turn first: the "
+    "prompt, shared by a group; later: the previous call's input and output), source "
+    "cacheable; and those the engine reported as cached (meta_info.cached_tokens), source "
+    "cached. cached / cacheable per turn is the hit rate of the routing and the cache.",
+    ["turn", "source"],
+)
 ENGINE_RETRIES = Counter("searchr1_rollout_engine_retries_total", "Generate calls retried")
 ENGINE_ABORTS = Counter(
     "searchr1_rollout_engine_aborts_total", "Generate calls aborted by the engine and re-issued"

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from inference.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
-from orchestrator.config import RolloutConfig, TurnSemantics
+from orchestrator.config import RolloutConfig, RoutingKey, TurnSemantics
 from orchestrator.hooks import load_hook
 from orchestrator.observation import (
     Observation,
@@ -147,6 +147,7 @@ class Rollout:
                 return True
             max_new = min(max_new, room)
         result, latency = await self.generate(sample, max_new)
+        self._count_prefix(sample, int(getattr(result, "cached_tokens", 0)))
         ids = list(result.output_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         sample.append_model(ids, result.logprobs, text)
@@ -195,6 +196,18 @@ class Rollout:
         turn.observation_tokens = len(obs.ids)
         return False
 
+    @staticmethod
+    def _count_prefix(sample: Sample, cached: int) -> None:
+        """What the engine could have served from its cache for this call, and what it did."""
+        if sample.turns:
+            turn = "later"
+            cacheable = len(sample.prompt_ids) + len(sample.response_ids)
+            cacheable -= sample.turns[-1].observation_tokens  # new since the previous call
+        else:
+            turn, cacheable = "first", len(sample.prompt_ids)
+        metrics.PREFIX_TOKENS.labels(turn, "cacheable").inc(cacheable)
+        metrics.PREFIX_TOKENS.labels(turn, "cached").inc(cached)
+
     def _length_status(
         self, sample: Sample, generated: int, max_new: int, room: int | None = None
     ) -> Status:
@@ -205,6 +218,14 @@ class Rollout:
         if len(sample.response_ids) >= self.cfg.max_response_tokens:
             return Status.RESPONSE_BUDGET
         return Status.TRUNCATED
+
+    def routing_key(self, sample: Sample) -> str | None:
+        """The key that keeps this sample's calls on the engine holding its prefix."""
+        if self.cfg.routing_key == RoutingKey.GROUP:
+            return sample.group_id
+        if self.cfg.routing_key == RoutingKey.SAMPLE:
+            return sample.trajectory_id
+        return None
 
     async def generate(self, sample: Sample, max_new_tokens: int) -> tuple[Any, float]:
         """One engine call on the sample's token context; waits out engine restarts.
@@ -233,6 +254,7 @@ class Rollout:
                     return_logprob=True,
                     # The call and its own retries end with this sample's budget.
                     deadline_s=max(deadline - time.monotonic(), 1.0),
+                    routing_key=self.routing_key(sample),
                 )
                 if result.finish_reason == "abort" and aborts < self.cfg.max_abort_retries:
                     aborts += 1

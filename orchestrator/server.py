@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from inference.client import InferenceClient
+from inference.pool import EnginePool
 from inspector.server import create_app as create_inspector
 from orchestrator.loop import Orchestrator
 from retriever.client import RetrieverClient
@@ -28,7 +29,7 @@ class LoopState:
 
 
 def create_app(
-    engine: InferenceClient,
+    engine: InferenceClient | EnginePool,
     retriever: RetrieverClient,
     bus: TrajectoryBus,
     state: LoopState,

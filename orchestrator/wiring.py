@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.client import InferenceClient
+from inference.pool import EnginePool
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
 from orchestrator.evaluate import evaluate
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Clients:
-    engine: InferenceClient
+    engine: InferenceClient | EnginePool
     retriever: RetrieverClient
     bus: TrajectoryBus
 
@@ -53,13 +54,21 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
     # flight, on aiohttp pools called directly (searchr1.json_http): httpcore's pool scans every
     # connection on every request (15 ms of CPU per request at 512 connections), and httpx's
     # request/response objects over aiohttp cost more than the I/O (bench/orchestrator_scale.py).
-    return Clients(
-        engine=InferenceClient(
-            cfg.engine_url,
+    def engine_client(url: str) -> InferenceClient:
+        return InferenceClient(
+            url,
             deadline_s=cfg.engine_retry_s,
             max_connections=cfg.rollout.max_concurrent_samples + 8,
             http_backend="aiohttp",
-        ),
+        )
+
+    engine: InferenceClient | EnginePool = (
+        EnginePool(cfg.engine_urls, engine_client, spill_at_in_flight=cfg.engine_spill_at_in_flight)
+        if cfg.engine_urls
+        else engine_client(cfg.engine_url)
+    )
+    return Clients(
+        engine=engine,
         retriever=RetrieverClient(
             cfg.search.retriever_url,
             timeout_s=cfg.search.timeout_s,
@@ -70,7 +79,7 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
     )
 
 
-async def wait_for_engine(engine: InferenceClient, timeout_s: float) -> dict[str, Any]:
+async def wait_for_engine(engine: InferenceClient | EnginePool, timeout_s: float) -> dict[str, Any]:
     """The engine's model info, waiting (with a log line, once) while it starts."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -157,6 +166,7 @@ async def build_orchestrator(
             rollout.tokenizer,
             engine_retry_s=cfg.engine_retry_s,
             greedy=True,
+            context_length=rollout.context_length,
         )
         validation = (greedy, val)
     return Orchestrator(

@@ -53,12 +53,26 @@ class Reply:
 
 class JsonTransport(Protocol):
     async def request(
-        self, method: str, path: str, body: bytes | None, *, timeout_s: float, connect_s: float
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        timeout_s: float,
+        connect_s: float,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
-        """One HTTP exchange; `timeout_s` bounds waiting for the pool and each read."""
+        """One HTTP exchange; `timeout_s` bounds waiting for the pool and each read; `headers`
+        add to the transport's own."""
         ...
 
     async def aclose(self) -> None: ...
+
+
+def _request_headers(body: bytes | None, extra: dict[str, str] | None) -> dict[str, str] | None:
+    if extra is None:
+        return JSON_HEADERS if body is not None else None
+    return {**JSON_HEADERS, **extra} if body is not None else extra
 
 
 class HttpxJson:
@@ -68,13 +82,20 @@ class HttpxJson:
         self.client = client
 
     async def request(
-        self, method: str, path: str, body: bytes | None, *, timeout_s: float, connect_s: float
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        timeout_s: float,
+        connect_s: float,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         resp = await self.client.request(
             method,
             path,
             content=body,
-            headers=JSON_HEADERS if body is not None else None,
+            headers=_request_headers(body, headers),
             timeout=httpx.Timeout(timeout_s, connect=connect_s),
         )
         return Reply(resp.status_code, resp.content, resp.reason_phrase)
@@ -127,7 +148,14 @@ class AiohttpJson:
         return self._session
 
     async def request(
-        self, method: str, path: str, body: bytes | None, *, timeout_s: float, connect_s: float
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        timeout_s: float,
+        connect_s: float,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         import aiohttp
         from httpx_aiohttp.transport import map_aiohttp_exceptions
@@ -143,7 +171,7 @@ class AiohttpJson:
                 method,
                 self._url(path),
                 data=body,
-                headers=JSON_HEADERS if body is not None else None,
+                headers=_request_headers(body, headers),
                 timeout=timeout,
                 allow_redirects=False,
             ) as resp:

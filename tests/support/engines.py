@@ -46,11 +46,15 @@ def sglang_python() -> str:
 
 @contextmanager
 def engine_server(
-    engine: str, model_dir: Path, *, admin_token: str | None = None
+    engine: str,
+    model_dir: Path,
+    *,
+    admin_token: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Target]:
     """A served engine on `model_dir` as a real process, stopped on exit."""
-    kwargs: dict = {}
+    kwargs: dict = {"env": env}
     if engine == "sglang":
-        kwargs = {"engine": "sglang", "sglang_python": sglang_python(), "ready_timeout_s": 300}
+        kwargs |= {"engine": "sglang", "sglang_python": sglang_python(), "ready_timeout_s": 300}
     with InferenceServerProcess(model_dir, admin_token=admin_token, **kwargs) as server:
         yield Target(server.url, Path(model_dir), admin_token, engine)

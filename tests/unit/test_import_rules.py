@@ -40,6 +40,7 @@ MAIN_LOOPS = {
 # (importer, imported module): the only doors from one service (or tool) into another.
 ALLOWED_CROSSINGS = {
     ("orchestrator", "inference.client"),
+    ("orchestrator", "inference.pool"),  # the client over several engines
     ("orchestrator", "retriever.client"),
     ("orchestrator", "inspector"),  # the run inspector mounted at /ui (optional)
     ("trainer", "inference.client"),

@@ -66,6 +66,15 @@ def test_replicas_put_the_router_in_front() -> None:
     workers = router[router.index("--worker-urls") + 1 : router.index("--host")]
     assert workers == [f"http://127.0.0.1:{p}" for p in (30001, 30002, 30003)]
     assert router[router.index("--port") + 1] == "30000"
+    # Affinity by default: a routing key's calls stay on one server, new keys go least-loaded.
+    assert router[-4:] == ["--policy", "manual", "--assignment-mode", "min_load"]
+
+
+def test_the_router_policy_is_configurable() -> None:
+    c = cfg()
+    c.sglang.router_policy = "round_robin"
+    router = plan(c, replicas=2)["router"][0]
+    assert router[-2:] == ["--policy", "round_robin"] and "--assignment-mode" not in router
 
 
 FAKE = textwrap.dedent(

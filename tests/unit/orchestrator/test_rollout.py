@@ -220,6 +220,19 @@ async def test_group_and_trajectory(tokenizer) -> None:  # type: ignore[no-untyp
     assert [t.action for t in traj.turns] == ["search", "answer"]
 
 
+@pytest.mark.parametrize("key", ["group", "sample", "none"])
+async def test_every_engine_call_carries_the_routing_key(tokenizer, key) -> None:  # type: ignore[no-untyped-def]
+    # What keeps a sample's turns (and by default its group) on one engine's prefix cache.
+    engine, rollout, group = make(tokenizer, [TURN1, TURN2], group_size=2, routing_key=key)
+    await asyncio.gather(*(rollout.run_sample(s) for s in group))
+    want = {
+        "group": ["r/3/nq/train/0"] * 4,
+        "sample": ["r/3/nq/train/0/0"] * 2 + ["r/3/nq/train/0/1"] * 2,
+        "none": [None] * 4,
+    }[key]
+    assert sorted((c["routing_key"] for c in engine.calls), key=str) == want
+
+
 async def test_trajectory_carries_the_sampling_temperature(tokenizer) -> None:  # type: ignore[no-untyped-def]
     # The engine's logprobs are of logits / T: the trainer must know T to recompute them.
     engine, rollout, [s] = make(tokenizer, [TURN1, TURN2], temperature=0.7)

@@ -1,0 +1,175 @@
+"""Routing over several engines from the client: prefix affinity, least-loaded, failover.
+
+`EnginePool` speaks the part of `InferenceClient`'s API that the orchestrator uses (generate,
+model info) over a list of engine URLs, for deployments without sglang-router (compose, a local
+run with two engines) and wherever every engine must be asked (weight versions):
+
+- **Affinity.** A call with a `routing_key` goes to the engine its key was first sent to, so the
+  turns of a sample (and, keyed by group, the samples of a group) meet the prefix cache their
+  earlier calls filled. A new key goes to the least-loaded engine (fewest calls in flight, then
+  fewest keys), which is also how load rebalances when an engine joins or comes back: new keys
+  fill it, existing keys stay where their cache is (sglang-router's `manual` policy with
+  `--assignment-mode min_load` does the same).
+- **Failover.** An engine that fails a call (connection error, timeout or 5xx after the client's
+  retries) is skipped for `retry_down_s`, then tried again; its keys move to the least-loaded
+  engine that is up, where they stay. The failed call is the caller's to retry (the
+  orchestrator's rollout does), and its retry lands on the new engine.
+- **Saturation.** With `spill_at_in_flight` set (an engine's `--max-running-requests`), a call
+  whose engine already runs that many goes to the least-loaded one instead, without moving its
+  key: one turn re-prefills rather than waits in a queue.
+- **Versions.** `get_model_info` asks every engine that is up and reports the OLDEST weight
+  version among them: a step that waits for version k starts only when every engine serves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from inference.client import GenerateResult, InferenceClient, InferenceUnavailable
+
+ROUTED = Counter(
+    "searchr1_inference_pool_routed_total",
+    "Calls EnginePool sent, by engine and why there (sticky: the key's engine; assigned: a new "
+    "key, least-loaded; failover: the key's engine was down; spill: it was saturated; unkeyed)",
+    ["engine", "how"],
+)
+IN_FLIGHT = Gauge("searchr1_inference_pool_in_flight", "Calls in flight per engine", ["engine"])
+DOWN = Counter(
+    "searchr1_inference_pool_engine_down_total", "Times an engine was marked down", ["engine"]
+)
+
+
+@dataclass
+class PooledEngine:
+    url: str
+    client: InferenceClient
+    in_flight: int = 0
+    keys: int = 0  # routing keys pinned here
+    down_until: float = 0.0  # monotonic time; up when in the past
+
+    def is_up(self, now: float) -> bool:
+        return now >= self.down_until
+
+
+class EnginePool:
+    def __init__(
+        self,
+        urls: list[str],
+        make_client: Callable[[str], InferenceClient],
+        *,
+        spill_at_in_flight: int | None = None,
+        retry_down_s: float = 5.0,
+        max_keys: int = 65536,
+    ) -> None:
+        if not urls:
+            raise ValueError("EnginePool needs at least one engine URL")
+        urls = [url.rstrip("/") for url in urls]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"EnginePool: duplicate engine URLs in {urls}")
+        self.engines = [PooledEngine(url, make_client(url)) for url in urls]
+        self.spill_at_in_flight = spill_at_in_flight
+        self.retry_down_s = retry_down_s
+        self.max_keys = max_keys
+        self._key_engine: OrderedDict[str, PooledEngine] = OrderedDict()  # LRU order
+        self._turn = itertools.count()  # breaks ties between equally loaded engines
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.engines[0].client.vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, value: int | None) -> None:
+        for engine in self.engines:
+            engine.client.vocab_size = value
+
+    def route(self, routing_key: str | None) -> tuple[PooledEngine, str]:
+        """The engine for the next call with this key, and why it was chosen."""
+        now = time.monotonic()
+        if routing_key is None:
+            return self._least_loaded(now), "unkeyed"
+        pinned = self._key_engine.get(routing_key)
+        if pinned is None:
+            engine = self._least_loaded(now)
+            self._pin(routing_key, engine)
+            return engine, "assigned"
+        self._key_engine.move_to_end(routing_key)
+        if not pinned.is_up(now) and any(e.is_up(now) for e in self.engines):
+            engine = self._least_loaded(now)
+            self._pin(routing_key, engine)
+            return engine, "failover"  # (with every engine down, the key tries its own)
+        if self.spill_at_in_flight is not None and pinned.in_flight >= self.spill_at_in_flight:
+            engine = self._least_loaded(now)
+            if engine.in_flight < pinned.in_flight:
+                return engine, "spill"
+        return pinned, "sticky"
+
+    def _least_loaded(self, now: float) -> PooledEngine:
+        up = [e for e in self.engines if e.is_up(now)] or self.engines
+        turn = next(self._turn)
+        n = len(self.engines)
+        return min(up, key=lambda e: (e.in_flight, e.keys, (self.engines.index(e) - turn) % n))
+
+    def _pin(self, key: str, engine: PooledEngine) -> None:
+        old = self._key_engine.pop(key, None)
+        if old is not None:
+            old.keys -= 1
+        self._key_engine[key] = engine
+        engine.keys += 1
+        while len(self._key_engine) > self.max_keys:
+            _, evicted = self._key_engine.popitem(last=False)
+            evicted.keys -= 1
+
+    def mark_down(self, engine: PooledEngine) -> None:
+        engine.down_until = time.monotonic() + self.retry_down_s
+        DOWN.labels(engine.url).inc()
+
+    async def generate(
+        self, input_ids: list[int], *, routing_key: str | None = None, **kwargs: Any
+    ) -> GenerateResult:
+        engine, how = self.route(routing_key)
+        ROUTED.labels(engine.url, how).inc()
+        engine.in_flight += 1
+        IN_FLIGHT.labels(engine.url).inc()
+        try:
+            return await engine.client.generate(input_ids, routing_key=routing_key, **kwargs)
+        except InferenceUnavailable:
+            self.mark_down(engine)
+            raise
+        finally:
+            engine.in_flight -= 1
+            IN_FLIGHT.labels(engine.url).dec()
+
+    async def get_model_info(self) -> dict[str, Any]:
+        """The first engine's model info, with the oldest weight version among the engines
+        that answer; unavailable only when none does."""
+        answers = await asyncio.gather(
+            *(e.client.get_model_info() for e in self.engines), return_exceptions=True
+        )
+        infos: list[dict[str, Any]] = []
+        failed: list[str] = []
+        for engine, answer in zip(self.engines, answers, strict=True):
+            if isinstance(answer, InferenceUnavailable):
+                self.mark_down(engine)
+                failed.append(f"{engine.url}: {answer}")
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                infos.append(answer)
+        if not infos:
+            raise InferenceUnavailable("no engine answered: " + "; ".join(failed))
+        info = dict(infos[0])
+        info["weight_version"] = min(i["weight_version"] for i in infos)
+        info["engines_answered"] = len(infos)
+        return info
+
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.client.aclose()
