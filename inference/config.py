@@ -33,11 +33,13 @@ class TorchEngineConfig(Section):
         default=600.0, gt=0, description="Timeout of collectives on the weight-update group."
     )
     prefix_cache_tokens: int = Field(
-        default=0,
+        default=65536,
         ge=0,
         description="Prefix cache budget in tokens (0 = off): a radix tree of K/V over token "
         "ids, LRU-evicted, flushed on every weight update; a prompt's cached prefix is not "
-        "prefilled again (multi-turn samples, GRPO groups sharing a prompt).",
+        "prefilled again (multi-turn samples, GRPO groups sharing a prompt). The default is "
+        "the token budget our CPU recipe gives SGLang (--max-total-tokens 65536); K/V per "
+        "token is 2 x layers x kv_heads x head_dim x dtype bytes (25 KB for Qwen2.5-0.5B fp32).",
     )
     pause_lease_s: float = Field(
         default=60.0,

@@ -68,6 +68,9 @@ PREFIX_CACHE_TOKENS = Gauge(
 )
 
 PAUSE_MODES = ("abort", "in_place", "retract")
+# A request sharing fewer leading tokens with one in the same prefill is not held back for
+# them: one step's wait would cost more than the prefill it saves.
+IN_BATCH_SHARED_MIN = 32
 
 # `text` longer than this many characters per context token is refused before tokenizing: it
 # cannot fit (English averages ~4 characters a token); send `input_ids` for anything exotic.
@@ -443,16 +446,36 @@ class TorchEngine:
 
     def _admit(self) -> None:
         batch: list[Request] = []
+        held: list[Request] = []
         with self._cond:
             room = self.cfg.max_running_requests - len(self._running)
             while self._waiting and len(batch) < min(room, self.cfg.max_prefill_per_step):
                 req = self._waiting.popleft()
-                if not req.cancelled:
+                if req.cancelled:
+                    continue
+                if self._shares_uncached_prefix(req, batch):
+                    held.append(req)
+                else:
                     batch.append(req)
+            self._waiting.extendleft(reversed(held))
             WAITING.set(len(self._waiting))
         if batch:
             self._prefill(batch)
         RUNNING.set(len(self._running))
+
+    def _shares_uncached_prefix(self, req: Request, batch: list[Request]) -> bool:
+        """Whether `req` starts like a request already in this prefill and that start is not
+        cached: a GRPO group arriving at once. Held back one step, it finds the start in the
+        cache (inserted at admission) instead of prefilling it again (SGLang's in-batch
+        prefix check does the same)."""
+        cache, n = self.prefix_cache, IN_BATCH_SHARED_MIN
+        if cache is None or req.output_ids or len(req.input_ids) <= n:
+            return False
+        head = req.input_ids[:n]
+        return (
+            any(not other.output_ids and other.input_ids[:n] == head for other in batch)
+            and cache.cached_length(head) < n
+        )
 
     def _prefill(self, reqs: list[Request]) -> None:
         # A retracted request re-enters with its own generated tokens (all but the last

@@ -113,6 +113,10 @@ class PrefixCache:
         for node in path:
             node.last_access = now
 
+    def cached_length(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of `ids` are cached (a peek: no stats, no LRU touch)."""
+        return self._walk(ids)[1]
+
     def match(self, ids: Sequence[int]) -> tuple[int, KVRow | None]:
         """The longest cached prefix of `ids`: (its length, its K/V per layer); (0, None): none."""
         path, n, last = self._walk(ids)

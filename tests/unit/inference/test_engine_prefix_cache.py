@@ -22,7 +22,7 @@ TOL = 1e-5  # logprobs with vs without the cache (issue 28)
 
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir: Path) -> Iterator[TorchEngine]:
-    eng = TorchEngine(tiny_model_dir, TorchEngineConfig())
+    eng = TorchEngine(tiny_model_dir, TorchEngineConfig(prefix_cache_tokens=0))
     yield eng
     eng.shutdown()
 
@@ -77,8 +77,8 @@ async def conversation(eng: TorchEngine, first: list[int], turns: int) -> list[G
     return outs
 
 
-async def test_cache_off_by_default_reports_zero(plain: TorchEngine) -> None:
-    assert TorchEngineConfig().prefix_cache_tokens == 0
+async def test_cache_off_reports_zero(plain: TorchEngine) -> None:
+    assert TorchEngineConfig().prefix_cache_tokens == 65536  # on by default
     assert plain.prefix_cache is None
     outs = await conversation(plain, [1, *range(100, 120)], 2)
     assert [cached_tokens(o) for o in outs] == [0, 0]
@@ -129,6 +129,22 @@ async def together(eng: TorchEngine, prompts: list[list[int]], n: int) -> list[G
     await asyncio.sleep(0.05)
     await eng.resume()
     return list(await asyncio.gather(*tasks))
+
+
+async def test_a_cold_group_admitted_together_prefills_its_prompt_once(
+    plain: TorchEngine, fresh: TorchEngine
+) -> None:
+    # GRPO: a group's samples arrive at once with one prompt. Admitted in one pass they would
+    # each prefill it; the engine admits one and holds the rest one step, and they find it.
+    prompt = [1, *range(420, 470)]
+    alone = await plain.generate(prompt, greedy(8))
+    other = [2, *range(700, 740)]  # shares nothing: admitted with the first
+    computed = prefill_tokens("computed")
+    outs = await together(fresh, [prompt, prompt, other, prompt, prompt], 8)
+    for i in (0, 1, 3, 4):
+        assert_same(alone, outs[i])
+    assert [cached_tokens(o) for o in outs] == [0, len(prompt) - 1, 0] + [len(prompt) - 1] * 2
+    assert prefill_tokens("computed") - computed == len(prompt) + len(other) + 3
 
 
 async def test_one_prefill_mixing_full_partial_and_no_hits(
