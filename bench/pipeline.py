@@ -1,0 +1,375 @@
+"""The whole RL loop at cluster shapes: where a step's time goes, sync against async.
+
+Real `searchr1 orchestrator run` process(es), the real bus (Redis, streams of this run's own)
+and the real trainer (`searchr1 trainer run`: `TrainingLoop`, the GRPO core, the weight push
+protocol) against simulated hardware that is separate as on a cluster: engines on their own
+GPUs (`harness.sim_engine`: continuous batching, prefill, KV and batch limits, prefix-cache
+hits, the pause of a push), a retriever with our measured latency curve
+(`harness.sim_retriever`), and a trainer backend that sleeps for its tokens at the measured
+H100 rate (`harness.sim_trainer`). The cost model and its sources: `harness/sim_cost.py` and
+docs/scale.md ("The pipeline bench").
+
+Time is scaled: the simulated hardware runs `--time-scale` simulated seconds per real second,
+and every time reported is simulated (real seconds x scale). What is not simulated (the
+orchestrator's and the trainer's own CPU, HTTP and Redis round trips) is inflated by the same
+factor, so the scale is kept low enough that those stay a few percent of a step (printed).
+
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python -m bench.pipeline --quick
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python -m bench.pipeline --shape original8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+from bench.pipeline_model import ModeResult, Shape, bounds, expected_sample, plan_split, summarize
+from harness.sim_cost import EngineCost, Workload
+from harness.sim_trainer import MEASURED_TOKENS_PER_S
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+PORTS = iter(range(39100, 39500))  # this bench's share of the machine's ports
+SHAPES = {
+    # slime's examples/search-r1: 32 prompts x 8, max 2 generation calls of 512 tokens, 8 GPUs.
+    "slime8": Shape("slime8", 32, 8, gpus=8, semantics="slime", max_turns=2, turn_tokens=512,
+                    response_tokens=4096, obs_tokens=None, time_scale=2.0),
+    # The original Search-R1: 512 x 5, 4 search rounds + answer, 500 tokens per turn and per
+    # observation, 8 GPUs.
+    "original8": Shape("original8", 512, 5, gpus=8, semantics="original", max_turns=4,
+                       turn_tokens=500, response_tokens=4096, obs_tokens=500, time_scale=2.0),
+    # slime's recipe at 64 GPUs, the batch grown with the GPUs (256 x 8: docs/scale.md's rule).
+    "slime64": Shape("slime64", 256, 8, gpus=64, semantics="slime", max_turns=2,
+                     turn_tokens=512, response_tokens=4096, obs_tokens=None, time_scale=1.5),
+}  # fmt: skip
+MODES = {
+    "sync": ("sync", 0),
+    "async1": ("async", 1),
+    "async2": ("async", 2),
+    "async4": ("async", 4),
+}
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), **(env or {})}
+    with log.open("ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=full)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not up after {timeout_s}s")
+
+
+def write_inputs(tmp: Path, rows: int) -> tuple[Path, Path, int, int]:
+    """The tiny model (its tokenizer), training rows, and the prompt and observation lengths
+    in its tokens."""
+    from transformers import AutoTokenizer
+
+    from harness.sim_retriever import DOC_TEXT
+    from inference.tiny_model import make_tiny_model
+    from orchestrator.observation import format_docs, observation_text
+    from orchestrator.prompt import make_row, prompt_token_ids
+
+    model = Path(make_tiny_model(tmp / "model"))
+    path = tmp / "rows.jsonl"
+    with path.open("w") as f:
+        for i in range(rows):
+            q = f"which river flows through city number {i} and who founded it"
+            row = make_row(q, [f"answer {i}"], data_source="nq", split="train", index=i)
+            f.write(json.dumps(row) + "\n")
+    tok = AutoTokenizer.from_pretrained(model)
+    messages = json.loads(path.read_text().splitlines()[0])["prompt"]
+    prompt = prompt_token_ids(tok, messages)
+    docs = [SimpleNamespace(id=str(i), contents=f'"Hamlet {i}"\n{DOC_TEXT}') for i in range(3)]
+    obs = tok(observation_text(format_docs(docs)), add_special_tokens=False)["input_ids"]
+    return model, path, len(prompt), len(obs)
+
+
+def configs(
+    shape: Shape, mode: str, args: argparse.Namespace, paths: dict[str, Path], urls: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    kind, staleness = MODES[mode]
+    run_id = f"pipebench-{os.getpid()}-{shape.name}-{mode}"
+    per_step = shape.samples
+    shared = {
+        "redis": {"url": REDIS_URL},
+        "logging": {"level": "WARNING"},
+        "run": {
+            "id": run_id,
+            "groups_per_step": shape.prompts,
+            "group_size": shape.group_size,
+            "max_steps": args.steps,
+        },
+        "bus": {"stream": f"searchr1:{run_id}", "max_backlog": per_step * (args.steps + 2)},
+    }
+    rollout: dict[str, Any] = {
+        "turn_semantics": shape.semantics,
+        "max_turns": shape.max_turns,
+        "max_tokens_per_turn": shape.turn_tokens,
+        "max_response_tokens": shape.response_tokens,
+        "observation_max_tokens": shape.obs_tokens,
+        "max_concurrent_samples": per_step // args.orchestrators,
+    }
+    if args.over_sampling:  # the hook for orchestrator.rollout.over_sampling (issue 27 part 3)
+        rollout["over_sampling"] = args.over_sampling
+    # The orchestrator rolls out past the trainer's last step, so the measured window is steady
+    # (in async mode it would otherwise finish early and idle the engines at the end).
+    orch_run = {**shared["run"], "max_steps": args.steps + staleness + 2}
+    orch = {
+        **shared,
+        "run": orch_run,
+        "orchestrator": {
+            "engine_url": urls["engine"],
+            "tokenizer_path": str(paths["model"]),
+            "mode": kind,
+            "max_staleness": staleness,
+            "weight_poll_s": 0.02,
+            "data": {"train_path": str(paths["rows"]), "seed": 0},
+            "rollout": rollout,
+            "search": {"retriever_url": urls["retriever"], "max_concurrency": 256},
+            "partition": {"poll_s": 0.05},
+        },
+    }
+    trainer = {
+        **shared,
+        "trainer": {
+            "backend": "harness.sim_trainer:load_sleeping_backend",
+            "model": {"path": str(paths["model"]), "device": "cpu"},
+            "http": {"port": next(PORTS)},
+            "batch": {"consume_block_s": 0.05, "max_tokens_per_microbatch": 16384},
+            "weight_push": {
+                "mode": "distributed",
+                "engine_urls": [urls["engine"]],
+                "master_port": next(PORTS),
+                "backend": "gloo",
+                "resync_check_s": 3600,
+            },
+            "metrics_jsonl": str(paths["tmp"] / f"{run_id}.jsonl"),
+        },
+    }
+    return orch, trainer
+
+
+def run_mode(
+    shape: Shape, mode: str, split: tuple[int, int], scale: float, args: argparse.Namespace,
+    paths: dict[str, Path], urls: dict[str, str],
+) -> ModeResult:  # fmt: skip
+    """One mode's run: fresh trainer and orchestrator processes on a fresh run id."""
+    tmp, py = paths["tmp"], sys.executable
+    orch_cfg, trainer_cfg = configs(shape, mode, args, paths, urls)
+    for kind in ("engine", "retriever"):
+        httpx.post(f"{urls[kind]}/sim/reset", timeout=10).raise_for_status()
+    tcfg, ocfg = tmp / f"{shape.name}-{mode}-trainer.yaml", tmp / f"{shape.name}-{mode}-orch.yaml"
+    tcfg.write_text(yaml.safe_dump(trainer_cfg))
+    ocfg.write_text(yaml.safe_dump(orch_cfg))
+    jsonl = Path(trainer_cfg["trainer"]["metrics_jsonl"])
+    cost = json.dumps({"gpus": split[1], "time_scale": scale})
+    log = tmp / f"{shape.name}-{mode}-trainer.log"
+    procs = [
+        start([py, "-m", "stack.cli", "trainer", "run", "--config", str(tcfg)], log,
+              {"SEARCHR1_SIM_TRAINER": cost})
+    ]  # fmt: skip
+    for i in range(args.orchestrators):
+        cmd = [py, "-m", "stack.cli", "orchestrator", "run", "--config", str(ocfg)]
+        env = {"SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID": f"orch-{i}"}
+        cmd += ["--port", str(next(PORTS))]
+        procs.append(start(cmd, tmp / f"{shape.name}-{mode}-orch-{i}.log", env))
+    ps = [psutil.Process(p.pid) for p in procs]
+    cpu: dict[int, float] = {}
+    snaps: list[tuple[dict[str, Any], dict[str, Any], float, float]] = []
+    deadline = time.monotonic() + args.timeout_s
+    seen = 0
+    try:
+        while True:
+            lines = jsonl.read_text().splitlines() if jsonl.exists() else []
+            for line in lines[seen:]:
+                if not line.endswith("}"):
+                    break  # a line still being written
+                stats = httpx.get(f"{urls['engine']}/sim/stats", timeout=10).json()
+                snaps.append((json.loads(line), stats, cpu_seconds(ps, cpu), time.monotonic()))
+                seen += 1
+            if procs[0].poll() is not None and seen == len(lines):
+                break
+            for i, p in enumerate(procs[1:]):
+                if p.poll() not in (None, 0):
+                    raise RuntimeError(f"{mode}: orchestrator {i} exited {p.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{mode}: not done after {args.timeout_s}s (logs: {tmp})")
+            time.sleep(0.05)
+        if procs[0].returncode != 0:
+            raise RuntimeError(f"{mode}: trainer exited {procs[0].returncode}: {log}")
+    finally:
+        stop(procs)
+    return summarize(mode, snaps, args.warmup, split, scale)
+
+
+def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
+    """CPU seconds of the processes (an exited one counts with its last reading)."""
+    for p in ps:
+        try:
+            t = p.cpu_times()
+            seen[p.pid] = t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return sum(seen.values())
+
+
+def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
+              prompt_tokens: int, obs_tokens: int) -> dict[str, ModeResult]:  # fmt: skip
+    cost = EngineCost(prefix_hit=args.prefix_hit)
+    workload = Workload()
+    work = expected_sample(shape, workload, prompt_tokens, obs_tokens)
+    split = (
+        (args.engines, shape.gpus - args.engines)
+        if args.engines
+        else plan_split(shape, work, cost, MEASURED_TOKENS_PER_S)
+    )
+    scale = args.time_scale or shape.time_scale
+    print(
+        f"\n== {shape.name}: {shape.prompts} x {shape.group_size} on {shape.gpus} GPUs: "
+        f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; expected per sample "
+        f"{work.turns:.2f} turns, {work.generated:.0f} generated, {work.train:.0f} trained tokens"
+    )
+    tmp, py = paths["tmp"], sys.executable
+    ports = {"engine": next(PORTS), "retriever": next(PORTS)}
+    urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
+    sims = [
+        start([py, "-m", "harness.sim_engine", "--port", str(ports["engine"]), "--model",
+               str(paths["model"]), "--engines", str(split[0]), "--time-scale", str(scale),
+               "--cost", json.dumps(asdict(cost)), "--routing", args.routing],
+              tmp / f"{shape.name}-engine.log"),
+        start([py, "-m", "harness.sim_retriever", "--port", str(ports["retriever"]),
+               "--time-scale", str(scale), "--replicas", str(args.retriever_replicas)],
+              tmp / f"{shape.name}-retriever.log"),
+    ]  # fmt: skip
+    results: dict[str, ModeResult] = {}
+    try:
+        for kind, proc in zip(("engine", "retriever"), sims, strict=True):
+            wait_http(f"{urls[kind]}/health", proc, tmp / f"{shape.name}-{kind}.log")
+        for mode in args.modes:
+            t0 = time.monotonic()
+            r = run_mode(shape, mode, split, scale, args, paths, urls)
+            r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, shape.samples,
+                              split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
+            results[mode] = r
+            print_mode(r, time.monotonic() - t0)
+    finally:
+        stop(sims)
+    return results
+
+
+def print_mode(r: ModeResult, wall_s: float) -> None:
+    b = r.bounds
+    assert b is not None
+    hist = " ".join(f"{k}:{v:.0f}" for k, v in r.staleness.items())
+    print(
+        f"{r.mode:7s} step {r.step_s:6.2f} s  {r.samples_per_s:7.1f} samples/s  engines busy "
+        f"{r.engine_busy:.2f}  trainer busy {r.trainer_busy:.2f}  trainer waits "
+        f"{r.wait_data_s:5.2f} s/step  push {r.push_s:.2f} s  staleness {{{hist}}}\n"
+        f"        per step: {r.generated:,.0f} tokens generated, {r.discarded:,.0f} discarded, "
+        f"{r.prefill:,.0f} prefilled, {r.train_tokens:,.0f} trained; mean context "
+        f"{r.context:,.0f}; bounds: engines {b.engine_s:.2f} s, trainer+push {b.trainer_s:.2f} "
+        f"s -> ideal {b.ideal_s:.2f} s, serial {b.serial_s:.2f} s; {r.steps} steps measured; "
+        f"CPU {r.cpu_share:.2f} cores; {wall_s:.0f} s real"
+    )
+
+
+def last_line(name: str, results: dict[str, ModeResult]) -> str:
+    sync = results.get("sync")
+    asyncs = [r for m, r in results.items() if m != "sync"]
+    best = min(asyncs, key=lambda r: r.step_s) if asyncs else sync
+    assert best is not None and best.bounds is not None
+    ideal = best.bounds.ideal_s
+    speedup = sync.step_s / best.step_s if sync and asyncs else float("nan")
+    return (
+        f"sync_step_s={sync.step_s if sync else float('nan'):.2f} "
+        f"async_step_s={best.step_s:.2f} speedup={speedup:.2f} "
+        f"engine_busy={best.engine_busy:.2f} trainer_busy={best.trainer_busy:.2f} "
+        f"ideal_step_s={ideal:.2f} efficiency={ideal / best.step_s:.2f} "
+        f"shape={name} async_mode={best.mode}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shape", nargs="+", choices=[*SHAPES, "all"], default=["slime8"])
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--steps", type=int, default=8, help="trainer steps per mode")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the measurement")
+    p.add_argument("--quick", action="store_true", help="slime8, 6 steps per mode (< 5 min)")
+    p.add_argument("--time-scale", type=float, help="simulated s per real s (default: shape's)")
+    p.add_argument("--engines", type=int, help="engine GPUs (default: the split of least ideal)")
+    p.add_argument("--prefix-hit", type=float, default=EngineCost.prefix_hit)
+    p.add_argument("--routing", choices=["least_loaded", "round_robin"], default="least_loaded")
+    p.add_argument("--retriever-replicas", type=int, default=1)
+    p.add_argument("--orchestrators", type=int, default=1)
+    p.add_argument(
+        "--over-sampling",
+        type=int,
+        default=0,
+        help="extra groups per step (orchestrator.rollout.over_sampling; issue 27 part 3): "
+        "refused until the orchestrator has it",
+    )
+    p.add_argument("--timeout-s", type=float, default=900)
+    args = p.parse_args()
+    if args.over_sampling:
+        from orchestrator.config import RolloutConfig
+
+        if "over_sampling" not in RolloutConfig.model_fields:
+            p.error("--over-sampling: this orchestrator has no rollout.over_sampling yet")
+    if args.quick:
+        args.shape, args.steps = ["slime8"], 6
+    names = list(SHAPES) if "all" in args.shape else args.shape
+    tmp = Path(tempfile.mkdtemp(prefix="pipeline-"))
+    rows = max(SHAPES[n].prompts for n in names) * (args.steps + 8)
+    model, rows_path, prompt_tokens, obs_tokens = write_inputs(tmp, rows)
+    paths = {"tmp": tmp, "model": model, "rows": rows_path}
+    print(f"logs and configs: {tmp}; prompt {prompt_tokens} tokens, observation {obs_tokens}")
+    lines = []
+    for name in names:
+        results = run_shape(SHAPES[name], args, paths, prompt_tokens, obs_tokens)
+        (tmp / f"{name}.json").write_text(json.dumps({m: asdict(r) for m, r in results.items()}))
+        lines.append(last_line(name, results))
+        print(lines[-1])
+    if len(lines) > 1:
+        print("\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

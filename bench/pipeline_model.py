@@ -1,0 +1,185 @@
+"""The arithmetic of `bench/pipeline.py`, apart from its processes: the shapes, the expected
+work of a sample (a Monte Carlo over the workload model), the split of a cluster's GPUs between
+engines and trainer, the ideal bound, and the summary of a measured run."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.sim_cost import EngineCost, Workload
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    prompts: int
+    group_size: int
+    gpus: int
+    semantics: str  # slime: max_turns generation calls; original: max_turns searches + answer
+    max_turns: int
+    turn_tokens: int
+    response_tokens: int
+    obs_tokens: int | None
+    time_scale: float
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.group_size
+
+
+@dataclass(frozen=True)
+class SampleWork:
+    """Mean work of one sample."""
+
+    generated: float  # model tokens decoded
+    prefill: float  # context tokens prefilled (before prefix-cache hits)
+    train: float  # prompt + response tokens through the trainer
+    turns: float
+    context: float  # mean context of a generate call
+
+
+def expected_sample(
+    shape: Shape, workload: Workload, prompt_tokens: int, obs_tokens: int, n: int = 4000
+) -> SampleWork:
+    """The orchestrator's turn loop (`orchestrator.rollout`) over the workload's draws."""
+    rng = random.Random(1)
+    obs = min(obs_tokens, shape.obs_tokens or obs_tokens)
+    calls = shape.max_turns + (1 if shape.semantics == "original" else 0)
+    gen = pre = train = turns = 0.0
+    for _ in range(n):
+        resp = 0
+        for call in range(calls):
+            room = min(shape.turn_tokens, shape.response_tokens - resp)
+            if room <= 0:
+                break
+            tokens, search, cut = workload.draw(rng, room)
+            pre += prompt_tokens + resp
+            turns += 1
+            resp += tokens
+            gen += tokens
+            if cut or not search or call == calls - 1:
+                break
+            resp = min(resp + obs, shape.response_tokens)
+        train += prompt_tokens + resp
+    return SampleWork(gen / n, pre / n, train / n, turns / n, pre / max(turns, 1))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    engine_s: float  # the rollout's work per step over the engines' capacity
+    trainer_s: float  # training + push per step over the trainer's capacity
+    push_s: float
+
+    @property
+    def ideal_s(self) -> float:
+        """Async: the busier resource's work per step."""
+        return max(self.engine_s, self.trainer_s)
+
+    @property
+    def serial_s(self) -> float:
+        """Sync: rollout, then train and push, with perfect batching (no long tail)."""
+        return self.engine_s + self.trainer_s
+
+
+def bounds(
+    generated: float, prefill: float, context: float, train_tokens: float, samples: int,
+    split: tuple[int, int], cost: EngineCost, trainer_tok_s: float,
+) -> Bounds:  # fmt: skip
+    """Per step: `generated` decoded and `prefill` prefilled tokens (uncached) over `split[0]`
+    engines at the batch the step offers them; `train_tokens` over `split[1]` trainer GPUs."""
+    engines, trainers = split
+    batch = max(1, min(cost.max_running, samples // engines))
+    decode_s = generated / (engines * cost.decode_tokens_per_s(batch, context))
+    prefill_s = prefill / (engines * cost.prefill_tokens_per_s)
+    push = cost.push_s()
+    return Bounds(decode_s + prefill_s, train_tokens / (trainers * trainer_tok_s) + push, push)
+
+
+def plan_split(
+    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float
+) -> tuple[int, int]:
+    """(engines, trainer GPUs) of `shape.gpus` minimising the ideal bound (one GPU per engine)."""
+    best: tuple[float, int] | None = None
+    for engines in range(1, shape.gpus):
+        b = bounds(
+            shape.samples * work.generated,
+            shape.samples * work.prefill * (1 - cost.prefix_hit),
+            work.context,
+            shape.samples * work.train,
+            shape.samples,
+            (engines, shape.gpus - engines),
+            cost,
+            trainer_tok_s,
+        )
+        if best is None or b.ideal_s < best[0]:
+            best = (b.ideal_s, engines)
+    assert best is not None
+    return best[1], shape.gpus - best[1]
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    steps: int  # measured (after the warm-up)
+    step_s: float
+    samples_per_s: float
+    engine_busy: float  # engine-seconds decoding or prefilling / engine-seconds
+    trainer_busy: float  # (trainer step - its wait for data) / time
+    push_s: float  # simulated transfer per step
+    wait_data_s: float  # the trainer's wait for data per step
+    staleness: dict[int, float]
+    generated: float  # tokens per step
+    discarded: float  # generated, never trained, per step
+    prefill: float  # prefilled tokens per step
+    context: float  # mean context of a generate call
+    train_tokens: float
+    cpu_share: float  # orchestrator + trainer CPU-seconds per real second
+    bounds: Bounds | None = field(default=None)
+
+
+def summarize(
+    mode: str, snaps: list[tuple[dict[str, Any], dict[str, Any], float, float]], warmup: int,
+    split: tuple[int, int], scale: float,
+) -> ModeResult:  # fmt: skip
+    """`snaps`: per trainer step (its metrics line, the engines' stats read when it appeared,
+    CPU seconds of the processes, real time). The window starts after `warmup` steps."""
+    warm = max(0, min(warmup, len(snaps) - 2))
+    first, last = snaps[warm], snaps[-1]
+    window = [m for m, _, _, _ in snaps[warm + 1 :]]
+    n = len(window)
+    span = last[1]["now"] - first[1]["now"]
+
+    def delta(key: str) -> float:
+        return sum(e[key] for e in last[1]["engines"]) - sum(e[key] for e in first[1]["engines"])
+
+    requests = max(delta("requests"), 1.0)
+    trained = sum(
+        m["samples"] * m["response_length/mean"] * (1 - m["loss_mask/observation_fraction"])
+        for m in window
+    )
+    hist: dict[int, float] = {}
+    for m in window:
+        for k, v in m.items():
+            if k.startswith("staleness/count_"):
+                lag = int(k.removeprefix("staleness/count_"))
+                hist[lag] = hist.get(lag, 0.0) + v
+    generated = delta("tokens")
+    return ModeResult(
+        mode=mode,
+        steps=n,
+        step_s=span / n,
+        samples_per_s=sum(m["samples"] for m in window) / span,
+        engine_busy=delta("busy_s") / (span * split[0]),
+        trainer_busy=sum(m["time/step_s"] - m["time/wait_data_s"] for m in window) * scale / span,
+        push_s=(last[1]["push_s"] - first[1]["push_s"]) / n,
+        wait_data_s=sum(m["time/wait_data_s"] for m in window) * scale / n,
+        staleness=dict(sorted(hist.items())),
+        generated=generated / n,
+        discarded=max(generated - trained, 0.0) / n,
+        prefill=delta("prefill_computed") / n,
+        context=(delta("prefill_computed") + delta("prefill_cached")) / requests,
+        train_tokens=sum(m["train_tokens"] for m in window) / n,
+        cpu_share=(last[2] - first[2]) / max(last[3] - first[3], 1e-9),
+    )

@@ -1,0 +1,122 @@
+"""The cost model of `bench/pipeline.py`'s simulated cluster: pure numbers, no I/O.
+
+Every default names its source here and in docs/scale.md ("The pipeline bench's cost model").
+Times are simulated seconds; `Clock` maps them onto real time (`time_scale` simulated seconds
+per real second), so a cluster step of a minute can run in seconds on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass
+
+# Qwen2.5-3B (its config.json): 3.09e9 parameters, 36 layers, 2 KV heads of 128 dims.
+PARAMS = 3.09e9
+KV_BYTES_PER_TOKEN = 36 * 2 * 2 * 128 * 2  # layers x (K, V) x kv heads x head dim x bf16
+H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM datasheet
+H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 datasheet (also the MFU base of bench/trainer_step)
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One SGLang engine (TP 1) serving Qwen2.5-3B in bf16 on one H100; a decode iteration
+    takes `fixed + per_seq * B + per_kv_token * (context tokens held)`, every running request
+    gains one token per iteration; a prefill stalls decoding for its uncached tokens."""
+
+    # Weight read (6.2 GB at ~70% of 3.35 TB/s = 2.6 ms) plus scheduling / kernel launch
+    # overhead under CUDA graphs: a 3B model decodes ~200 tok/s alone.
+    step_fixed_s: float = 0.005
+    # Matmul compute per sequence: 2 x 3.09e9 FLOP at ~40% of 989 TFLOP/s = 16 us, + sampling.
+    step_per_seq_s: float = 2.0e-5
+    # KV read per context token held: 36,864 B at ~70% of 3.35 TB/s.
+    step_per_kv_token_s: float = KV_BYTES_PER_TOKEN / (0.7 * H100_HBM_BYTES_PER_S)
+    # Prefill: 2 x 3.09e9 FLOP per token at ~40% MFU (the trainer's measured MFU is 0.22 with
+    # backward and recompute; a forward-only prefill runs hotter).
+    prefill_tokens_per_s: float = 0.4 * H100_BF16_FLOPS / (2 * PARAMS)
+    # SGLang's --max-running-requests (its default depends on memory; 512 set here).
+    max_running: int = 512
+    # KV pool: 80 GB x 0.88 (SGLang's mem_fraction_static for an 80 GB card) - 6.2 GB weights.
+    kv_tokens: int = int((80e9 * 0.88 - 2 * PARAMS) / KV_BYTES_PER_TOKEN)
+    # Fraction of each request's context served from the prefix cache. 0 = no cache, the
+    # reference engine's default (inference.torch_engine.prefix_cache_tokens: 0); measured hit
+    # rates of the radix cache are to be fed in here.
+    prefix_hit: float = 0.0
+    # A weight push moves the bf16 weights (6.2 GB) at slime's published rate: Qwen3-30B-A3B
+    # (61 GB) updated in 7 s, 8.7 GB/s (hebiao064.github.io/rl-weight-sync).
+    push_bytes: float = 2 * PARAMS
+    push_bytes_per_s: float = 61e9 / 7.0
+
+    def decode_step_s(self, batch: int, kv_tokens: float) -> float:
+        return (
+            self.step_fixed_s + self.step_per_seq_s * batch + self.step_per_kv_token_s * kv_tokens
+        )
+
+    def decode_tokens_per_s(self, batch: int, mean_context: float) -> float:
+        """Tokens/s of one engine running `batch` requests of `mean_context` tokens."""
+        batch = max(1, min(batch, self.max_running, int(self.kv_tokens // max(mean_context, 1))))
+        return batch / self.decode_step_s(batch, batch * mean_context)
+
+    def push_s(self) -> float:
+        return self.push_bytes / self.push_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the simulated policy generates per turn: a search with probability `p_search`,
+    else an answer; a turn's length is log-normal (median, sigma), cut at the request's
+    max_new_tokens (a cut turn ends on "length"). The number of searches per sample is then
+    geometric, cut at the recipe's turn budget: a long tail of both turns and tokens."""
+
+    # Searches per sample: Search-R1 GRPO runs plateau at ~1-2 searches (J. Su, "Search-R1,
+    # Re-examined", 2026); our demo's trained policy: 1.29 per question. p = 0.6 gives 1.3
+    # (original's 4 rounds) and 2.3 turns per sample, as bench/orchestrator_scale measured.
+    p_search: float = 0.6
+    # Tokens per turn: median 120, sigma 0.7 (mean 154, p99 610 -> cut at 512/500): the
+    # 30-200-token turns of bench/trainer.py's Search-R1 spread, with a tail to the per-turn
+    # budget that slime and the original cap at 512 and 500.
+    turn_median_tokens: float = 120.0
+    turn_sigma: float = 0.7
+
+    def draw(self, rng: random.Random, max_new_tokens: int) -> tuple[int, bool, bool]:
+        """(tokens, searches, cut at max_new_tokens) of one turn."""
+        n = round(rng.lognormvariate(math.log(self.turn_median_tokens), self.turn_sigma))
+        n = max(n, 1)
+        return min(n, max_new_tokens), rng.random() < self.p_search, n >= max_new_tokens
+
+
+# Our retriever's measured latency by concurrency (docs/benchmarks.md, "Retriever", quiet
+# machine, encoder in a child process: c -> p50 ms): MiniLM over 50,000 passages on 2 CPU cores.
+# Past the last point the server is saturated (216 QPS): p50 grows as c / 216 s.
+RETRIEVER_P50_MS = ((1, 21.6), (8, 47.8), (32, 141.4), (64, 284.3))
+RETRIEVER_SATURATED_QPS = 216.2
+RETRIEVER_SIGMA = 0.25  # log-normal spread: p99/p50 = 1.67 at c=32 (236.9 / 141.4 ms)
+
+
+def retriever_p50_s(concurrency: float) -> float:
+    pts = RETRIEVER_P50_MS
+    c = max(concurrency, 1.0)
+    if c >= pts[-1][0]:
+        return max(pts[-1][1] / 1000, c / RETRIEVER_SATURATED_QPS)
+    for (c0, m0), (c1, m1) in itertools.pairwise(pts):
+        if c <= c1:
+            return (m0 + (m1 - m0) * (c - c0) / (c1 - c0)) / 1000
+    raise AssertionError("unreachable")
+
+
+class Clock:
+    """Simulated time: `time_scale` simulated seconds pass per real second."""
+
+    def __init__(self, time_scale: float) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        self.scale = time_scale
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self._t0) * self.scale
+
+    def real_s(self, sim_s: float) -> float:
+        return sim_s / self.scale
