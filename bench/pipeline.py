@@ -23,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,8 +43,22 @@ from bench.pipeline_model import ModeResult, Shape, bounds, expected_sample, pla
 from harness.sim_cost import EngineCost, Workload
 from harness.sim_trainer import MEASURED_TOKENS_PER_S
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-PORTS = iter(range(39100, 39500))  # this bench's share of the machine's ports
+
+def free_ports(low: int = 39100, high: int = 39500) -> Iterator[int]:
+    """Ports of this bench's share of the machine's (39100-39499) that nothing listens on,
+    from a random start: two benches at once do not collide."""
+    start = random.randrange(low, high)
+    for port in [*range(start, high), *range(low, start)]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        yield port
+    raise RuntimeError(f"no free port in {low}-{high - 1}")
+
+
+PORTS = free_ports()
 SHAPES = {
     # slime's examples/search-r1: 32 prompts x 8, max 2 generation calls of 512 tokens, 8 GPUs.
     "slime8": Shape("slime8", 32, 8, gpus=8, semantics="slime", max_turns=2, turn_tokens=512,
@@ -52,7 +69,10 @@ SHAPES = {
                        turn_tokens=500, response_tokens=4096, obs_tokens=500, time_scale=2.0),
     # slime's recipe at 64 GPUs, the batch grown with the GPUs (256 x 8: docs/scale.md's rule).
     "slime64": Shape("slime64", 256, 8, gpus=64, semantics="slime", max_turns=2,
-                     turn_tokens=512, response_tokens=4096, obs_tokens=None, time_scale=1.5),
+                     turn_tokens=512, response_tokens=4096, obs_tokens=None, time_scale=1.0),
+    # For the test that keeps this bench running: a few samples on 2 GPUs.
+    "tiny": Shape("tiny", 4, 2, gpus=2, semantics="slime", max_turns=2, turn_tokens=512,
+                  response_tokens=4096, obs_tokens=None, time_scale=2.0),
 }  # fmt: skip
 MODES = {
     "sync": ("sync", 0),
@@ -126,7 +146,7 @@ def configs(
     run_id = f"pipebench-{os.getpid()}-{shape.name}-{mode}"
     per_step = shape.samples
     shared = {
-        "redis": {"url": REDIS_URL},
+        "redis": {"url": args.redis_url},
         "logging": {"level": "WARNING"},
         "run": {
             "id": run_id,
@@ -324,7 +344,7 @@ def last_line(name: str, results: dict[str, ModeResult]) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -347,7 +367,10 @@ def main() -> None:
         "refused until the orchestrator has it",
     )
     p.add_argument("--timeout-s", type=float, default=900)
-    args = p.parse_args()
+    p.add_argument(
+        "--redis-url", default="redis://127.0.0.1:6379/0", help="the bus (this run's own streams)"
+    )
+    args = p.parse_args(argv)
     if args.over_sampling:
         from orchestrator.config import RolloutConfig
 
@@ -355,7 +378,7 @@ def main() -> None:
             p.error("--over-sampling: this orchestrator has no rollout.over_sampling yet")
     if args.quick:
         args.shape, args.steps = ["slime8"], 6
-    names = list(SHAPES) if "all" in args.shape else args.shape
+    names = [n for n in SHAPES if n != "tiny"] if "all" in args.shape else args.shape
     tmp = Path(tempfile.mkdtemp(prefix="pipeline-"))
     rows = max(SHAPES[n].prompts for n in names) * (args.steps + 8)
     model, rows_path, prompt_tokens, obs_tokens = write_inputs(tmp, rows)

@@ -1,0 +1,151 @@
+"""bench/pipeline.py's cost model, simulated engine and trainer backend, and its summary: fast
+checks that keep the pipeline bench from rotting (the whole bench on a tiny shape:
+tests/integration/test_pipeline_bench.py, slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+
+from bench.pipeline import SHAPES, last_line
+from bench.pipeline_model import bounds, expected_sample, plan_split, summarize
+from harness.sim_cost import Clock, EngineCost, Workload, retriever_p50_s
+from harness.sim_engine import SimEngine
+from harness.sim_trainer import SleepingBackend, TrainerCost
+from tests.factories import make_trajectory
+from trainer.config import TrainerConfig
+from trainer.step import train_on
+
+
+def test_the_engine_model_is_an_h100_serving_a_3b_model() -> None:
+    c = EngineCost()
+    alone = c.decode_tokens_per_s(1, 400)
+    assert 150 < alone < 250  # one request: ~200 tok/s
+    rates = [c.decode_tokens_per_s(b, 400) for b in (1, 16, 128, 512)]
+    assert rates == sorted(rates) and rates[-1] < 30_000  # batching pays, then saturates
+    assert c.decode_tokens_per_s(10_000, 400) == c.decode_tokens_per_s(c.max_running, 400)
+    assert 1.5e6 < c.kv_tokens < 2e6
+    assert c.push_s() == pytest.approx(6.18e9 / 8.71e9, rel=0.01)
+
+
+def test_the_retriever_follows_the_measured_curve_then_saturates() -> None:
+    assert retriever_p50_s(1) == pytest.approx(0.0216)
+    assert retriever_p50_s(32) == pytest.approx(0.1414)
+    assert 0.0478 < retriever_p50_s(20) < 0.1414
+    assert retriever_p50_s(640) == pytest.approx(640 / 216.2)
+
+
+def test_a_turn_is_cut_at_its_budget() -> None:
+    rng = random.Random(0)
+    draws = [Workload().draw(rng, 100) for _ in range(2000)]
+    assert all(1 <= n <= 100 for n, _, _ in draws)
+    assert all(cut == (n == 100) for n, _, cut in draws)
+    assert 0.55 < sum(s for _, s, _ in draws) / len(draws) < 0.65
+
+
+def test_expected_work_split_and_bounds_of_slime_recipe() -> None:
+    shape, cost = SHAPES["slime8"], EngineCost()
+    work = expected_sample(shape, Workload(), prompt_tokens=156, obs_tokens=459)
+    assert 1.5 < work.turns < 1.7  # at most 2 calls; a search on the first with p = 0.6
+    split = plan_split(shape, work, cost, 6879.0)
+    assert sum(split) == 8 and min(split) >= 1
+    b = bounds(60_000, 150_000, 400, 170_000, 256, (2, 6), cost, 6879.0)
+    assert b.trainer_s == pytest.approx(170_000 / (6 * 6879) + cost.push_s())
+    assert b.ideal_s == max(b.engine_s, b.trainer_s)
+    assert b.serial_s == b.engine_s + b.trainer_s
+
+
+async def test_the_engine_batches_pauses_and_aborts_in_simulated_time() -> None:
+    clock = Clock(20.0)  # 1 simulated s = 50 ms
+    cost = EngineCost(
+        step_fixed_s=0.01, step_per_seq_s=0.0, step_per_kv_token_s=0.0, prefill_tokens_per_s=1e12
+    )
+    engine = SimEngine(cost, clock)
+    runner = asyncio.create_task(engine.run())
+    try:
+        t0 = clock.now()
+        done = await asyncio.gather(engine.generate(50, 10), engine.generate(50, 10))
+        took = clock.now() - t0
+        assert [d[:2] for d in done] == [(50, "done"), (50, "done")]
+        assert 0.45 < took < 0.8  # batched: 50 iterations of 10 ms, not 100
+        assert engine.stats.tokens == 100 and engine.stats.requests == 2
+        assert 0.45 < engine.stats.busy_s < 0.8
+
+        t0 = clock.now()
+        call = asyncio.create_task(engine.generate(50, 10))
+        await asyncio.sleep(0.005)
+        engine.pause("retract")
+        await asyncio.sleep(0.03)  # 0.6 simulated s paused
+        engine.resume(recompute=True)
+        assert (await call)[:2] == (50, "done")
+        assert clock.now() - t0 > 1.0  # 0.5 s of decoding + the pause
+
+        call = asyncio.create_task(engine.generate(50, 10))
+        await asyncio.sleep(0.01)  # ~20 of 50 tokens
+        engine.pause("abort")
+        n, how, _, _ = await call
+        assert how == "abort" and 0 < n < 50
+        assert engine.stats.aborted_tokens == n
+        engine.resume(recompute=False)
+    finally:
+        runner.cancel()
+
+
+def test_the_sleeping_backend_runs_the_grpo_core_for_its_modelled_time() -> None:
+    cfg = TrainerConfig()
+    trajs = [
+        make_trajectory(f"t-{i}", group_id=f"g-{i // 4}", reward=float(i % 2), seed=i)
+        for i in range(8)
+    ]
+    backend = SleepingBackend(cfg, TrainerCost(tokens_per_s_per_gpu=1000.0, time_scale=100.0))
+    start = time.perf_counter()
+    metrics = train_on(trajs, backend, cfg)
+    tokens = metrics["train_tokens"]
+    assert tokens == 8 * (6 + 12)
+    assert backend.slept_s == pytest.approx(tokens / 1000.0)
+    assert time.perf_counter() - start >= tokens / 1000.0 / 100.0
+    assert "loss" in metrics and backend.optimizer_steps == 1
+    assert [n for n, _ in backend.named_tensors()] == ["sim.weight"]
+
+
+def _snap(step: int, now: float, busy: float, tokens: int, lag: int) -> tuple[Any, ...]:
+    metrics = {
+        "samples": 8.0,
+        "response_length/mean": 10.0,
+        "loss_mask/observation_fraction": 0.5,
+        "time/step_s": 2.0,
+        "time/wait_data_s": 0.5,
+        "train_tokens": 200.0,
+        f"staleness/count_{lag}": 8.0,
+    }
+    engine = {
+        "busy_s": busy,
+        "tokens": tokens,
+        "prefill_computed": 100 * step,
+        "prefill_cached": 0,
+        "requests": 10 * step,
+    }
+    return metrics, {"now": now, "push_s": 0.5 * step, "engines": [engine, engine]}, step, now / 2
+
+
+def test_the_summary_of_a_run() -> None:
+    snaps = [_snap(i, 4.0 * i, 3.0 * i, 50 * i, lag=i % 2) for i in range(1, 6)]
+    r = summarize("async1", snaps, warmup=1, split=(2, 6), scale=2.0)
+    assert r.steps == 3 and r.step_s == pytest.approx(4.0)
+    assert r.engine_busy == pytest.approx(0.75)  # 2 engines x 3 s busy per 4 s
+    assert r.trainer_busy == pytest.approx(3 * 1.5 * 2.0 / 12.0)
+    assert r.staleness == {0: 8.0, 1: 16.0}  # steps 3, 4, 5
+    assert r.generated == pytest.approx(100.0) and r.discarded == pytest.approx(60.0)
+    assert r.push_s == pytest.approx(0.5)
+    r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, 8, (2, 6),
+                      EngineCost(), 6879.0)  # fmt: skip
+    line = last_line("tiny", {"sync": r, "async1": r})
+    keys = [kv.split("=")[0] for kv in line.split()]
+    assert keys[:7] == [
+        "sync_step_s", "async_step_s", "speedup", "engine_busy", "trainer_busy", "ideal_step_s",
+        "efficiency",
+    ]  # fmt: skip
