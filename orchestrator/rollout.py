@@ -147,7 +147,8 @@ class Rollout:
                 return True
             max_new = min(max_new, room)
         result, latency = await self.generate(sample, max_new)
-        self._count_prefix(sample, int(getattr(result, "cached_tokens", 0)))
+        cached = int(getattr(result, "cached_tokens", 0))  # a custom engine may not report it
+        self._count_prefix(sample, cached)
         ids = list(result.output_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         sample.append_model(ids, result.logprobs, text)
@@ -162,6 +163,7 @@ class Rollout:
             generate_latency_s=latency,
             engine_finish_reason=str(result.finish_reason),
             weight_version=start_version,
+            cached_tokens=cached,
         )
         sample.turns.append(turn)
         sample.generate_s += latency

@@ -109,6 +109,7 @@ def trajectory_row(
             "generate_latency_s": t.generate_latency_s,
             "engine_finish_reason": t.engine_finish_reason,
             "weight_version": t.weight_version,
+            "cached_tokens": t.cached_tokens,
         }
         for t in traj.turns
     ]

@@ -42,6 +42,7 @@ class TurnRecord:
     generate_latency_s: float = 0.0
     engine_finish_reason: str = ""
     weight_version: int = 0
+    cached_tokens: int = 0  # input tokens the engine served from its prefix cache
 
 
 @dataclass

@@ -56,6 +56,7 @@ def to_trajectory(s: Sample) -> Trajectory:
                 generate_latency_s=t.generate_latency_s,
                 engine_finish_reason=t.engine_finish_reason,
                 weight_version=t.weight_version,
+                cached_tokens=t.cached_tokens,
             )
             for t in s.turns
         ],

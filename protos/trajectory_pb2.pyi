@@ -27,7 +27,7 @@ FINISH_REASON_ERROR: FinishReason
 FINISH_REASON_TRUNCATED: FinishReason
 
 class Turn(_message.Message):
-    __slots__ = ("index", "action", "query", "doc_ids", "tool_latency_s", "tool_attempts", "error", "generated_tokens", "observation_tokens", "generate_latency_s", "engine_finish_reason", "weight_version")
+    __slots__ = ("index", "action", "query", "doc_ids", "tool_latency_s", "tool_attempts", "error", "generated_tokens", "observation_tokens", "generate_latency_s", "engine_finish_reason", "weight_version", "cached_tokens")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Turn(_message.Message):
     GENERATE_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     index: int
     action: str
     query: str
@@ -52,7 +53,8 @@ class Turn(_message.Message):
     generate_latency_s: float
     engine_finish_reason: str
     weight_version: int
-    def __init__(self, index: _Optional[int] = ..., action: _Optional[str] = ..., query: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ..., tool_latency_s: _Optional[float] = ..., tool_attempts: _Optional[int] = ..., error: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., generate_latency_s: _Optional[float] = ..., engine_finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, index: _Optional[int] = ..., action: _Optional[str] = ..., query: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ..., tool_latency_s: _Optional[float] = ..., tool_attempts: _Optional[int] = ..., error: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., generate_latency_s: _Optional[float] = ..., engine_finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("total", "components")

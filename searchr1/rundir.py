@@ -172,6 +172,7 @@ def rollout_schema() -> pa.Schema:
             ("generate_latency_s", pa.float64()),
             ("engine_finish_reason", pa.string()),
             ("weight_version", pa.int64()),
+            ("cached_tokens", pa.int32()),  # input tokens served from the engine's cache
         ]
     )
     types = {

@@ -133,6 +133,10 @@ def test_cluster_values_scale_out_on_gpus() -> None:
     router = stack.pod_spec(by_name["rl-searchr1-router"])["containers"][0]["command"]
     workers = router[router.index("--worker-urls") + 1 :]
     assert len(workers) == inference["spec"]["replicas"]
+    # ... by affinity (a sample's turns on one engine), from one router holding the key table.
+    at = router.index("--policy")
+    assert router[at : at + 4] == ["--policy", "manual", "--assignment-mode", "min_load"]
+    assert by_name["rl-searchr1-router"]["spec"]["replicas"] == 1
 
 
 def test_default_values_run_one_gpu_per_gpu_service() -> None:

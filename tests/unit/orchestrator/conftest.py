@@ -30,6 +30,7 @@ class Result:
     completion_tokens: int
     weight_version: int
     start_weight_version: int
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -61,6 +62,10 @@ class ScriptedEngine:
     async def generate(self, input_ids: list[int], **kw: Any) -> Result:
         self.calls.append({"input_ids": list(input_ids), **kw})
         turn = self._turn_index(input_ids)
+        # A perfect prefix cache: everything an earlier call read or wrote.
+        cached = max(
+            (len(ctx) for ctx in self._after if tuple(input_ids[: len(ctx)]) == ctx), default=0
+        )
         text = self.turns[min(turn, len(self.turns) - 1)]
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         finish = "stop"
@@ -83,4 +88,5 @@ class ScriptedEngine:
                 if self.start_weight_version is None
                 else self.start_weight_version
             ),
+            cached_tokens=cached,
         )

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client import REGISTRY
 
 from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchConfig
 from orchestrator.metrics import step_summary
@@ -231,6 +232,33 @@ async def test_every_engine_call_carries_the_routing_key(tokenizer, key) -> None
         "none": [None] * 4,
     }[key]
     assert sorted((c["routing_key"] for c in engine.calls), key=str) == want
+
+
+async def test_cached_tokens_reach_the_trajectory_and_the_hit_rate(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    engine, rollout, [s] = make(tokenizer, [TURN1, TURN2])
+
+    def counted(turn: str, source: str) -> float:
+        labels = {"turn": turn, "source": source}
+        return REGISTRY.get_sample_value("searchr1_rollout_prefix_tokens_total", labels) or 0.0
+
+    before = {
+        (t, src): counted(t, src) for t in ("first", "later") for src in ("cacheable", "cached")
+    }
+    await rollout.run_sample(s)
+    first, second = engine.calls
+    turn1_ids = s.turns[0].generated_tokens
+    # Turn 2 reads the prompt, turn 1's output and the observation: all but the last are cached.
+    assert [t.cached_tokens for t in s.turns] == [0, len(first["input_ids"]) + turn1_ids]
+    assert [t.cached_tokens for t in decode(encode(to_trajectory(s))).turns] == [
+        0,
+        s.turns[1].cached_tokens,
+    ]
+    grew = {k: counted(*k) - v for k, v in before.items()}
+    assert (
+        grew[("first", "cacheable")] == len(first["input_ids"]) and grew[("first", "cached")] == 0
+    )
+    assert grew[("later", "cacheable")] == grew[("later", "cached")] == s.turns[1].cached_tokens
+    assert len(second["input_ids"]) > s.turns[1].cached_tokens
 
 
 async def test_trajectory_carries_the_sampling_temperature(tokenizer) -> None:  # type: ignore[no-untyped-def]
