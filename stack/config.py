@@ -51,6 +51,12 @@ class LocalConfig(Section):
         default=["retriever", "inference", "orchestrator", "trainer"],
         description="Which services to start, in this order.",
     )
+    inference_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Engines to start (inference-0 .. inference-N-1 on inference.http.port + i); "
+        "list their URLs in orchestrator.engine_urls and trainer.weight_push.engine_urls.",
+    )
     restart: RestartPolicy = RestartPolicy.NEVER
     max_restarts: int = Field(default=3, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)

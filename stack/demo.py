@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,6 +62,7 @@ class DemoConfig:
     engine: str = "torch"  # the inference service: our reference engine, or "sglang"
     sglang_python: str | None = None  # SGLang's interpreter (`python3 dev.py sglang` makes one)
     trainer_backend: str = "hf"  # `trainer.backend`: hf (HF model) or megatron (Megatron-Core)
+    engines: int = 1  # inference processes; the orchestrator routes over them (EnginePool)
 
     @classmethod
     def quick_mode(cls, out_dir: Path, seed: int = 0, **chosen: Any) -> DemoConfig:
@@ -140,6 +143,21 @@ def build_policy(cfg: DemoConfig, world: World) -> Path:
     return warm
 
 
+def free_port_run(n: int) -> int:
+    """The first of `n` consecutive free loopback ports."""
+    for _ in range(100):
+        first = free_port()
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(first, first + n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: dict) -> Path:
     """The demo's stack config: the shipped template with this run's paths filled in."""
     data = yaml.safe_load(CONFIG_TEMPLATE.read_text())
@@ -166,10 +184,16 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     ports = {name: free_port() for name in ("retriever", "inference", "orchestrator", "trainer")}
     for name, port in ports.items():
         data[name].setdefault("http", {})["port"] = port
-    engine_url = f"http://127.0.0.1:{ports['inference']}"
-    data["orchestrator"]["engine_url"] = engine_url
+    if cfg.engines > 1:  # inference-i listens on the inference port + i (`searchr1 local`)
+        ports["inference"] = free_port_run(cfg.engines)
+        data["inference"]["http"]["port"] = ports["inference"]
+        data["local"]["inference_replicas"] = cfg.engines
+    engine_urls = [f"http://127.0.0.1:{ports['inference'] + i}" for i in range(cfg.engines)]
+    data["orchestrator"]["engine_url"] = engine_urls[0]
+    if cfg.engines > 1:
+        data["orchestrator"]["engine_urls"] = engine_urls
     data["orchestrator"]["search"]["retriever_url"] = f"http://127.0.0.1:{ports['retriever']}"
-    data["trainer"]["weight_push"]["engine_urls"] = [engine_url]
+    data["trainer"]["weight_push"]["engine_urls"] = engine_urls
     data["trainer"]["weight_push"]["master_port"] = free_port()
     if cfg.engine == "sglang":
         if not cfg.sglang_python:
@@ -193,7 +217,7 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     cfg.local.services = ["retriever", "inference"]
     specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
     for spec in specs:
-        if spec.name == "inference":
+        if spec.name.startswith("inference"):
             spec.command += ["--model", str(model_dir)]
     sup = Supervisor(specs, Path(cfg.local.log_dir) / f"eval-{out.stem}")
     sup.start()

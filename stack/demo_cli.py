@@ -29,6 +29,9 @@ def demo(
         help="SGLang's interpreter for --engine sglang (`python3 dev.py demo --engine sglang` "
         "builds .venv-sglang and sets it).",
     ),
+    engines: int = typer.Option(
+        1, min=1, help="Inference processes; the orchestrator routes a group's turns to one."
+    ),
     trainer_backend: str = typer.Option(
         "hf",
         help="Trainer backend (trainer.backend): hf (Hugging Face model) or megatron "
@@ -48,7 +51,12 @@ def demo(
         raise typer.Exit(2)
     _check_trainer_backend(trainer_backend)
     setup_logging("demo", "INFO", json_format=False)
-    chosen = {"engine": engine, "sglang_python": sglang_python, "trainer_backend": trainer_backend}
+    chosen = {
+        "engine": engine,
+        "sglang_python": sglang_python,
+        "trainer_backend": trainer_backend,
+        "engines": engines,
+    }
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
         if quick

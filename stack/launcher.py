@@ -60,19 +60,24 @@ def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[Ser
             # Stable across the supervisor's restarts (the default hostname-pid is not): a
             # restarted orchestrator takes its own step claims back at once.
             env["SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID"] = f"local-{name}"
-        specs.append(
-            ServiceSpec(
-                name=name,
-                command=[*searchr1_command(), *sub, "--config", str(config_path)],
-                ready_url=f"http://{host}:{http.port}/ready",
-                env=env,
-                restart=cfg.local.restart,
-                max_restarts=cfg.local.max_restarts,
-                ready_timeout_s=cfg.local.ready_timeout_s,
-                exit_ends_stack=finishes,
-                may_finish=may_finish,
+        replicas = cfg.local.inference_replicas if name == "inference" else 1
+        for i in range(replicas):
+            port, child_env, child = http.port + i, dict(env), name
+            if replicas > 1:  # each engine on its own port, by env over the shared file
+                child, child_env["SEARCHR1_INFERENCE__HTTP__PORT"] = f"{name}-{i}", str(port)
+            specs.append(
+                ServiceSpec(
+                    name=child,
+                    command=[*searchr1_command(), *sub, "--config", str(config_path)],
+                    ready_url=f"http://{host}:{port}/ready",
+                    env=child_env,
+                    restart=cfg.local.restart,
+                    max_restarts=cfg.local.max_restarts,
+                    ready_timeout_s=cfg.local.ready_timeout_s,
+                    exit_ends_stack=finishes,
+                    may_finish=may_finish,
+                )
             )
-        )
     return specs
 
 

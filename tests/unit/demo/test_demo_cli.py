@@ -32,6 +32,16 @@ def test_stack_config_names_the_trainer_backend(tmp_path: Path, backend: str) ->
     assert loaded.trainer.megatron.tp * loaded.trainer.megatron.pp == 1  # one process
 
 
+def test_two_engines_are_listed_for_the_orchestrator_and_the_trainer(tmp_path: Path) -> None:
+    cfg = DemoConfig.quick_mode(tmp_path / "out", engines=2)
+    (tmp_path / "out").mkdir()
+    loaded = load_config(write_stack_config(cfg, tmp_path / "i", tmp_path / "m", _rows(tmp_path)))
+    port = loaded.inference.http.port
+    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    assert loaded.local.inference_replicas == 2
+    assert loaded.orchestrator.engine_urls == urls == loaded.trainer.weight_push.engine_urls
+
+
 def test_unknown_trainer_backend_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "deepspeed"]

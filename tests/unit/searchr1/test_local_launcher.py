@@ -35,3 +35,17 @@ def test_unknown_service_is_named(tmp_path: Path) -> None:
     cfg = load_config(None, local={"services": ["retriever", "ranker"]})
     with pytest.raises(ValueError, match=r"local\.services: unknown service 'ranker'"):
         build_specs(cfg, tmp_path / "x.yaml", "redis://x")
+
+
+def test_several_engines_each_on_their_own_port(tmp_path: Path) -> None:
+    cfg = load_config(None, local={"inference_replicas": 2}, inference={"http": {"port": 31000}})
+    specs = build_specs(cfg, tmp_path / "x.yaml", "redis://x")
+    assert [s.name for s in specs] == [
+        "retriever", "inference-0", "inference-1", "orchestrator", "trainer",
+    ]  # fmt: skip
+    by_name = {s.name: s for s in specs}
+    for i in (0, 1):
+        engine = by_name[f"inference-{i}"]
+        assert engine.env["SEARCHR1_INFERENCE__HTTP__PORT"] == str(31000 + i)
+        assert engine.ready_url == f"http://127.0.0.1:{31000 + i}/ready"
+    assert "SEARCHR1_INFERENCE__HTTP__PORT" not in by_name["trainer"].env
