@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -254,7 +255,21 @@ def run_mode(
             raise RuntimeError(f"{mode}: trainer exited {procs[0].returncode}: {log}")
     finally:
         stop(procs)
+        forget(args.redis_url, orch_cfg["run"]["id"])
     return summarize(mode, snaps, args.warmup, split, scale)
+
+
+def forget(redis_url: str, run_id: str) -> None:
+    """Delete this run's keys (its stream, the orchestrator's markers and claims)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"*{run_id}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()
 
 
 def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
@@ -318,7 +333,8 @@ def print_mode(r: ModeResult, wall_s: float) -> None:
     hist = " ".join(f"{k}:{v:.0f}" for k, v in r.staleness.items())
     print(
         f"{r.mode:7s} step {r.step_s:6.2f} s  {r.samples_per_s:7.1f} samples/s  engines busy "
-        f"{r.engine_busy:.2f}  trainer busy {r.trainer_busy:.2f}  trainer waits "
+        f"{r.engine_busy:.2f} (at capacity {b.engine_s / r.step_s:.2f})  trainer busy "
+        f"{r.trainer_busy:.2f} (modelled {b.trainer_s / r.step_s:.2f})  trainer waits "
         f"{r.wait_data_s:5.2f} s/step  push {r.push_s:.2f} s  staleness {{{hist}}}\n"
         f"        per step: {r.generated:,.0f} tokens generated, {r.discarded:,.0f} discarded, "
         f"{r.prefill:,.0f} prefilled, {r.train_tokens:,.0f} trained; mean context "
@@ -371,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         "--redis-url", default="redis://127.0.0.1:6379/0", help="the bus (this run's own streams)"
     )
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every process this bench started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.over_sampling:
         from orchestrator.config import RolloutConfig
 
