@@ -40,7 +40,15 @@ import httpx
 import psutil
 import yaml
 
-from bench.pipeline_model import ModeResult, Shape, bounds, expected_sample, plan_split, summarize
+from bench.pipeline_model import (
+    ModeResult,
+    Shape,
+    bounds,
+    expected_sample,
+    plan_split,
+    rollout_steps,
+    summarize,
+)
 from harness.sim_cost import EngineCost, Workload
 from harness.sim_trainer import MEASURED_TOKENS_PER_S
 
@@ -172,6 +180,7 @@ def configs(
     orch_run = {**shared["run"], "max_steps": args.steps + staleness + 2}
     orch = {
         **shared,
+        "logging": {"level": "INFO"},  # its "step done" records: the rollout step's time
         "run": orch_run,
         "orchestrator": {
             "engine_url": urls["engine"],
@@ -256,7 +265,11 @@ def run_mode(
     finally:
         stop(procs)
         forget(args.redis_url, orch_cfg["run"]["id"])
-    return summarize(mode, snaps, args.warmup, split, scale)
+    result = summarize(mode, snaps, args.warmup, split, scale)
+    lines = (tmp / f"{shape.name}-{mode}-orch-0.log").read_text().splitlines()
+    for k, v in rollout_steps(lines, args.warmup, scale).items():
+        setattr(result, k, v)
+    return result
 
 
 def forget(redis_url: str, run_id: str) -> None:
@@ -340,7 +353,10 @@ def print_mode(r: ModeResult, wall_s: float) -> None:
         f"{r.prefill:,.0f} prefilled, {r.train_tokens:,.0f} trained; mean context "
         f"{r.context:,.0f}; bounds: engines {b.engine_s:.2f} s, trainer+push {b.trainer_s:.2f} "
         f"s -> ideal {b.ideal_s:.2f} s, serial {b.serial_s:.2f} s; {r.steps} steps measured; "
-        f"CPU {r.cpu_share:.2f} cores; {wall_s:.0f} s real"
+        f"CPU {r.cpu_share:.2f} cores; {wall_s:.0f} s real\n"
+        f"        rollout step (orchestrator, median) {r.rollout_step_s:.2f} s: "
+        f"{r.turns_mean:.2f} turns, {r.searches_mean:.2f} searches per sample, "
+        f"{r.truncation_rate:.3f} cut at a budget"
     )
 
 

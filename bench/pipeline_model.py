@@ -137,6 +137,35 @@ class ModeResult:
     train_tokens: float
     cpu_share: float  # orchestrator + trainer CPU-seconds per real second
     bounds: Bounds | None = field(default=None)
+    # From the orchestrator's "step done" logs (steps after the warm-up): how long a rollout
+    # step took, from its first claim to its last group published, and what it held.
+    rollout_step_s: float = float("nan")
+    turns_mean: float = float("nan")
+    searches_mean: float = float("nan")
+    truncation_rate: float = float("nan")
+
+
+def rollout_steps(log_lines: list[str], warmup: int, scale: float) -> dict[str, float]:
+    """Median rollout step time (simulated s) and means of the orchestrator's "step done"
+    records after `warmup` steps."""
+    import json
+    import statistics
+
+    steps = []
+    for line in log_lines:
+        if '"step done"' in line:
+            rec = json.loads(line)
+            if rec.get("step", 0) >= warmup and rec.get("samples_per_s"):
+                steps.append(rec)
+    if not steps:
+        return {}
+    return {
+        "rollout_step_s": statistics.median(r["samples"] / r["samples_per_s"] for r in steps)
+        * scale,
+        "turns_mean": statistics.fmean(r["turns_mean"] for r in steps),
+        "searches_mean": statistics.fmean(r["searches_mean"] for r in steps),
+        "truncation_rate": statistics.fmean(r["truncation_rate"] for r in steps),
+    }
 
 
 def summarize(

@@ -5,6 +5,7 @@ tests/integration/test_pipeline_bench.py, slow)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from bench.pipeline import SHAPES, last_line
-from bench.pipeline_model import bounds, expected_sample, plan_split, summarize
+from bench.pipeline_model import bounds, expected_sample, plan_split, rollout_steps, summarize
 from harness.sim_cost import Clock, EngineCost, Workload, retriever_p50_s
 from harness.sim_engine import SimEngine
 from harness.sim_trainer import SleepingBackend, TrainerCost
@@ -149,3 +150,16 @@ def test_the_summary_of_a_run() -> None:
         "sync_step_s", "async_step_s", "speedup", "engine_busy", "trainer_busy", "ideal_step_s",
         "efficiency",
     ]  # fmt: skip
+
+
+def test_rollout_step_times_come_from_the_orchestrators_step_records() -> None:
+    def rec(step: int, per_s: float) -> str:
+        return json.dumps({"msg": "step done", "step": step, "samples": 8.0,
+                           "samples_per_s": per_s, "turns_mean": 2.0, "searches_mean": 1.0,
+                           "truncation_rate": 0.25})  # fmt: skip
+
+    lines = [rec(0, 1.0), '{"msg": "waiting for weights"}', rec(1, 4.0), rec(2, 2.0), rec(3, 4.0)]
+    out = rollout_steps(lines, warmup=1, scale=2.0)
+    assert out["rollout_step_s"] == pytest.approx(2 * 2.0)  # median of 2, 4, 2 s, x2
+    assert out["turns_mean"] == 2.0 and out["truncation_rate"] == 0.25
+    assert rollout_steps(["nothing"], 0, 1.0) == {}
