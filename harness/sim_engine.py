@@ -186,7 +186,8 @@ class SimEngine:
         self._advance(now)
         self.paused = False
         if recompute and self.running:  # retract: the KV of running requests is rebuilt
-            self.stall_until = max(self.stall_until, now) + self.kv / self.cost.prefill_tokens_per_s
+            held = sum(r.context + self.v - (r.finish_v - r.tokens) for r in self.running.values())
+            self.stall_until = max(self.stall_until, now) + held / self.cost.prefill_tokens_per_s
         self._wake.set()
 
 
