@@ -88,7 +88,12 @@ MODES = {
     "async1": ("async", 1),
     "async2": ("async", 2),
     "async4": ("async", 4),
+    # sync with every GPU rolling out and then training (not what this stack deploys: the
+    # baseline of AReaL's and ROLL's speedups). Its engine-to-trainer hand-over (offloading
+    # and reloading weights and KV) is not modelled: a lower bound on its step.
+    "colocated": ("sync", 0),
 }
+DEFAULT_MODES = ["sync", "async1", "async2", "async4"]
 
 
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -296,6 +301,31 @@ def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
     return sum(seen.values())
 
 
+def start_sims(
+    shape: Shape, engines: int, scale: float, cost: EngineCost, args: argparse.Namespace,
+    paths: dict[str, Path],
+) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:  # fmt: skip
+    tmp, py = paths["tmp"], sys.executable
+    ports = {"engine": next(PORTS), "retriever": next(PORTS)}
+    urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
+    logs = {k: tmp / f"{shape.name}-{engines}-{k}.log" for k in ports}
+    sims = [
+        start([py, "-m", "harness.sim_engine", "--port", str(ports["engine"]), "--model",
+               str(paths["model"]), "--engines", str(engines), "--time-scale", str(scale),
+               "--cost", json.dumps(asdict(cost)), "--routing", args.routing], logs["engine"]),
+        start([py, "-m", "harness.sim_retriever", "--port", str(ports["retriever"]),
+               "--time-scale", str(scale), "--replicas", str(args.retriever_replicas)],
+              logs["retriever"]),
+    ]  # fmt: skip
+    try:
+        for kind, proc in zip(("engine", "retriever"), sims, strict=True):
+            wait_http(f"{urls[kind]}/health", proc, logs[kind])
+    except BaseException:
+        stop(sims)
+        raise
+    return sims, urls
+
+
 def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
               prompt_tokens: int, obs_tokens: int) -> dict[str, ModeResult]:  # fmt: skip
     cost = EngineCost(prefix_hit=args.prefix_hit)
@@ -312,27 +342,22 @@ def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
         f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; expected per sample "
         f"{work.turns:.2f} turns, {work.generated:.0f} generated, {work.train:.0f} trained tokens"
     )
-    tmp, py = paths["tmp"], sys.executable
-    ports = {"engine": next(PORTS), "retriever": next(PORTS)}
-    urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
-    sims = [
-        start([py, "-m", "harness.sim_engine", "--port", str(ports["engine"]), "--model",
-               str(paths["model"]), "--engines", str(split[0]), "--time-scale", str(scale),
-               "--cost", json.dumps(asdict(cost)), "--routing", args.routing],
-              tmp / f"{shape.name}-engine.log"),
-        start([py, "-m", "harness.sim_retriever", "--port", str(ports["retriever"]),
-               "--time-scale", str(scale), "--replicas", str(args.retriever_replicas)],
-              tmp / f"{shape.name}-retriever.log"),
-    ]  # fmt: skip
     results: dict[str, ModeResult] = {}
+    sims: list[subprocess.Popen[bytes]] = []
+    running: tuple[int, int] | None = None
     try:
-        for kind, proc in zip(("engine", "retriever"), sims, strict=True):
-            wait_http(f"{urls[kind]}/health", proc, tmp / f"{shape.name}-{kind}.log")
         for mode in args.modes:
+            # Colocated: every GPU rolls out, then every GPU trains (time-shared, as slime's
+            # --colocate and the original's veRL): the sync baseline at equal GPUs.
+            mode_split = (shape.gpus, shape.gpus) if mode == "colocated" else split
+            if mode_split != running:
+                stop(sims)
+                sims, urls = start_sims(shape, mode_split[0], scale, cost, args, paths)
+                running = mode_split
             t0 = time.monotonic()
-            r = run_mode(shape, mode, split, scale, args, paths, urls)
+            r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
             r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, shape.samples,
-                              split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
+                              mode_split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
             results[mode] = r
             print_mode(r, time.monotonic() - t0)
     finally:
@@ -362,17 +387,24 @@ def print_mode(r: ModeResult, wall_s: float) -> None:
 
 def last_line(name: str, results: dict[str, ModeResult]) -> str:
     sync = results.get("sync")
-    asyncs = [r for m, r in results.items() if m != "sync"]
+    asyncs = [r for m, r in results.items() if m.startswith("async")]
     best = min(asyncs, key=lambda r: r.step_s) if asyncs else sync
     assert best is not None and best.bounds is not None
     ideal = best.bounds.ideal_s
     speedup = sync.step_s / best.step_s if sync and asyncs else float("nan")
+    colocated = results.get("colocated")
+    extra = (
+        f" colocated_step_s={colocated.step_s:.2f} "
+        f"speedup_vs_colocated={colocated.step_s / best.step_s:.2f}"
+        if colocated is not None
+        else ""
+    )
     return (
         f"sync_step_s={sync.step_s if sync else float('nan'):.2f} "
         f"async_step_s={best.step_s:.2f} speedup={speedup:.2f} "
         f"engine_busy={best.engine_busy:.2f} trainer_busy={best.trainer_busy:.2f} "
         f"ideal_step_s={ideal:.2f} efficiency={ideal / best.step_s:.2f} "
-        f"shape={name} async_mode={best.mode}"
+        f"shape={name} async_mode={best.mode}{extra}"
     )
 
 
@@ -381,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--shape", nargs="+", choices=[*SHAPES, "all"], default=["slime8"])
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=DEFAULT_MODES)
     p.add_argument("--steps", type=int, default=8, help="trainer steps per mode")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the measurement")
     p.add_argument("--quick", action="store_true", help="slime8, 6 steps per mode (< 5 min)")
