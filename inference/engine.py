@@ -447,14 +447,18 @@ class TorchEngine:
     def _admit(self) -> None:
         batch: list[Request] = []
         held: list[Request] = []
+        warm_pass: bool | None = None  # this pass admits cache hits, or misses (cache on)
         with self._cond:
             room = self.cfg.max_running_requests - len(self._running)
             while self._waiting and len(batch) < min(room, self.cfg.max_prefill_per_step):
                 req = self._waiting.popleft()
                 if req.cancelled:
                     continue
-                if self._shares_uncached_prefix(req, batch):
-                    held.append(req)
+                warm = self._is_warm(req)
+                if warm_pass is None:
+                    warm_pass = warm
+                if warm != warm_pass or self._shares_uncached_prefix(req, batch):
+                    held.append(req)  # first in the queue again: the next pass starts with it
                 else:
                     batch.append(req)
             self._waiting.extendleft(reversed(held))
@@ -462,6 +466,15 @@ class TorchEngine:
         if batch:
             self._prefill(batch)
         RUNNING.set(len(self._running))
+
+    def _is_warm(self, req: Request) -> bool:
+        """Whether the cache holds a useful prefix of `req`. A left-padded pass computes every
+        row as long as its longest uncached tail, so a hit admitted beside a miss is computed
+        anyway: hits and misses are admitted in separate passes (None: cache off, all alike)."""
+        cache = self.prefix_cache
+        if cache is None or req.output_ids:
+            return False
+        return cache.cached_length(req.input_ids[:-1]) >= IN_BATCH_SHARED_MIN
 
     def _shares_uncached_prefix(self, req: Request, batch: list[Request]) -> bool:
         """Whether `req` starts like a request already in this prefill and that start is not

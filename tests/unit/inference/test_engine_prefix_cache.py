@@ -147,6 +147,21 @@ async def test_a_cold_group_admitted_together_prefills_its_prompt_once(
     assert prefill_tokens("computed") - computed == len(prompt) + len(other) + 3
 
 
+async def test_hits_are_not_admitted_beside_misses_that_would_recompute_them(
+    plain: TorchEngine, fresh: TorchEngine
+) -> None:
+    # A left-padded pass computes each row as long as its longest uncached tail: a warm group
+    # admitted with a cold prompt would recompute its cached prompt. Separate passes keep it.
+    warm = [1, *range(900, 960)]
+    await fresh.generate(warm, greedy(4))
+    cold = [2, *range(1000, 1080)]
+    outs = await together(fresh, [cold, warm, warm, [3, *range(1100, 1170)]], 6)
+    assert [cached_tokens(o) for o in outs] == [0, len(warm) - 1, len(warm) - 1, 0]
+    want = [await plain.generate(p, greedy(6)) for p in (cold, warm)]
+    assert_same(want[0], outs[0])
+    assert_same(want[1], outs[1])
+
+
 async def test_one_prefill_mixing_full_partial_and_no_hits(
     plain: TorchEngine, fresh: TorchEngine
 ) -> None:
