@@ -267,10 +267,12 @@ def run_mode(
             time.sleep(0.05)
         if procs[0].returncode != 0:
             raise RuntimeError(f"{mode}: trainer exited {procs[0].returncode}: {log}")
+        retriever = httpx.get(f"{urls['retriever']}/sim/stats", timeout=10).json()
     finally:
         stop(procs)
         forget(args.redis_url, orch_cfg["run"]["id"])
     result = summarize(mode, snaps, args.warmup, split, scale)
+    result.search_s = retriever["latency_s"] / max(retriever["served"], 1)
     lines = (tmp / f"{shape.name}-{mode}-orch-0.log").read_text().splitlines()
     for k, v in rollout_steps(lines, args.warmup, scale).items():
         setattr(result, k, v)
@@ -381,7 +383,7 @@ def print_mode(r: ModeResult, wall_s: float) -> None:
         f"CPU {r.cpu_share:.2f} cores; {wall_s:.0f} s real\n"
         f"        rollout step (orchestrator, median) {r.rollout_step_s:.2f} s: "
         f"{r.turns_mean:.2f} turns, {r.searches_mean:.2f} searches per sample, "
-        f"{r.truncation_rate:.3f} cut at a budget"
+        f"{r.truncation_rate:.3f} cut at a budget; search {r.search_s:.2f} s (mean)"
     )
 
 

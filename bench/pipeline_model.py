@@ -143,6 +143,7 @@ class ModeResult:
     turns_mean: float = float("nan")
     searches_mean: float = float("nan")
     truncation_rate: float = float("nan")
+    search_s: float = float("nan")  # mean simulated search latency (the retriever's own count)
 
 
 def rollout_steps(log_lines: list[str], warmup: int, scale: float) -> dict[str, float]:
