@@ -11,15 +11,16 @@ client's X-SMG-Routing-Key; over our reference engine (prefix cache on) or real 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from harness.inference_server import RouterProcess
+from harness.inference_server import InferenceServerProcess, RouterProcess
 from harness.multiturn import drive
-from inference.client import InferenceClient
+from inference.client import InferenceClient, InferenceUnavailable
 from inference.pool import EnginePool
 from tests.support.engines import ENGINES, Target, engine_server, sglang_python
 
@@ -75,3 +76,40 @@ async def test_turns_meet_their_prefix_on_either_engine(engines, route) -> None:
         assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
     if route == "pool":
         assert all(e.keys == 3 for e in pool.engines), [e.keys for e in pool.engines]
+
+
+async def test_an_engine_that_goes_away_hands_its_keys_on_and_takes_new_ones_back(
+    tiny_model_dir,  # type: ignore[no-untyped-def]
+) -> None:
+    # The orchestrator's rollout retries a call that failed on a down engine; the retry lands
+    # on a live one, where the key stays. A restarted engine rejoins and takes new keys.
+    a = InferenceServerProcess(tiny_model_dir, env=CACHE_ON).start()
+    b = InferenceServerProcess(tiny_model_dir, env=CACHE_ON).start()
+    pool = EnginePool(
+        [a.url, b.url], lambda url: InferenceClient(url, max_retries=0), retry_down_s=0.5
+    )
+
+    async def call(key: str) -> str:
+        for _ in range(3):
+            try:
+                await pool.generate([1, *range(100, 140)], max_new_tokens=2, routing_key=key)
+                return pool.route(key)[0].url
+            except InferenceUnavailable:
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"{key}: no engine answered")
+
+    try:
+        homes = {key: await call(key) for key in ("k0", "k1", "k2", "k3")}
+        assert set(homes.values()) == {a.url, b.url}
+        a.stop()
+        assert {await call(key) for key in homes} == {b.url}  # every key now on b ...
+        assert [await call(key) for key in homes] == [b.url] * 4  # ... and stays there
+        port = a.port
+        a = InferenceServerProcess(tiny_model_dir, env=CACHE_ON, port=port).start()
+        await asyncio.sleep(0.6)  # a's down time is over: it is tried again
+        assert await call("k-new") == a.url  # the idle engine takes the new key
+        assert [await call(key) for key in homes] == [b.url] * 4  # old keys stay with their cache
+    finally:
+        await pool.aclose()
+        a.stop()
+        b.stop()
