@@ -3,7 +3,8 @@
 One scheduler thread owns the model. Each iteration it
 1. runs queued control commands (weight updates, flush) - so updates land between decode steps;
 2. admits waiting requests: those arriving together are prefilled together (left-padded),
-   each on top of its longest cached prefix when the prefix cache is on (`prefix_cache.py`);
+   each on top of its longest cached prefix when the prefix cache is on (`prefix_cache.py`;
+   `admission.py` chooses each pass and keeps the cache's entries of it);
 3. samples one token for every running request from its last logits and retires finished ones;
 4. runs ONE batched decode step over the remaining requests.
 The running batch (`inference.batch.RunningBatch`) keeps a left-padded KV cache that grows by
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from prometheus_client import Counter, Gauge, Histogram
 
+from inference import admission
 from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
 from inference.prefix_cache import PrefixCache
@@ -68,9 +70,6 @@ PREFIX_CACHE_TOKENS = Gauge(
 )
 
 PAUSE_MODES = ("abort", "in_place", "retract")
-# A request sharing fewer leading tokens with one in the same prefill is not held back for
-# them: one step's wait would cost more than the prefill it saves.
-IN_BATCH_SHARED_MIN = 32
 
 # `text` longer than this many characters per context token is refused before tokenizing: it
 # cannot fit (English averages ~4 characters a token); send `input_ids` for anything exotic.
@@ -445,50 +444,14 @@ class TorchEngine:
             STEP_SECONDS.observe(time.perf_counter() - start)
 
     def _admit(self) -> None:
-        batch: list[Request] = []
-        held: list[Request] = []
-        warm_pass: bool | None = None  # this pass admits cache hits, or misses (cache on)
         with self._cond:
             room = self.cfg.max_running_requests - len(self._running)
-            while self._waiting and len(batch) < min(room, self.cfg.max_prefill_per_step):
-                req = self._waiting.popleft()
-                if req.cancelled:
-                    continue
-                warm = self._is_warm(req)
-                if warm_pass is None:
-                    warm_pass = warm
-                if warm != warm_pass or self._shares_uncached_prefix(req, batch):
-                    held.append(req)  # first in the queue again: the next pass starts with it
-                else:
-                    batch.append(req)
-            self._waiting.extendleft(reversed(held))
+            limit = min(room, self.cfg.max_prefill_per_step)
+            batch = admission.choose(self._waiting, limit, self.prefix_cache)
             WAITING.set(len(self._waiting))
         if batch:
             self._prefill(batch)
         RUNNING.set(len(self._running))
-
-    def _is_warm(self, req: Request) -> bool:
-        """Whether the cache holds a useful prefix of `req`. A left-padded pass computes every
-        row as long as its longest uncached tail, so a hit admitted beside a miss is computed
-        anyway: hits and misses are admitted in separate passes (None: cache off, all alike)."""
-        cache = self.prefix_cache
-        if cache is None or req.output_ids:
-            return False
-        return cache.cached_length(req.input_ids[:-1]) >= IN_BATCH_SHARED_MIN
-
-    def _shares_uncached_prefix(self, req: Request, batch: list[Request]) -> bool:
-        """Whether `req` starts like a request already in this prefill and that start is not
-        cached: a GRPO group arriving at once. Held back one step, it finds the start in the
-        cache (inserted at admission) instead of prefilling it again (SGLang's in-batch
-        prefix check does the same)."""
-        cache, n = self.prefix_cache, IN_BATCH_SHARED_MIN
-        if cache is None or req.output_ids or len(req.input_ids) <= n:
-            return False
-        head = req.input_ids[:n]
-        return (
-            any(not other.output_ids and other.input_ids[:n] == head for other in batch)
-            and cache.cached_length(head) < n
-        )
 
     def _prefill(self, reqs: list[Request]) -> None:
         # A retracted request re-enters with its own generated tokens (all but the last
@@ -504,32 +467,16 @@ class TorchEngine:
             PREFILL_TOKENS.labels("cached").inc(used[i])
             PREFILL_TOKENS.labels("computed").inc(len(seqs[i]) - used[i])
         self._batch.add(reqs, kv, pads)
-        if cache is None:
-            return
-        # Locks only once they are in the batch, whose clearing (abort, retract, a failed
-        # step) gives every lock back.
-        for i, req in enumerate(reqs):
-            if not req.output_ids:  # its prompt's first admission (not a re-admission)
-                req.cached_tokens = used[i]
-            cache.insert(seqs[i], [(k[i, :, pads[i] :], v[i, :, pads[i] :]) for k, v in kv])
-            req.cache_lease = cache.lock(seqs[i])
-            req.cache_generation = cache.generation
-        PREFIX_CACHE_TOKENS.set(cache.stats.tokens)
+        if cache is not None:
+            admission.keep_admitted(cache, reqs, seqs, kv, pads, used)
+            PREFIX_CACHE_TOKENS.set(cache.stats.tokens)
 
     def _release_cache(self, req: Request, row: int | None = None) -> None:
-        """A request leaves the batch: unlock its prefix; when it finished (`row`: its batch
-        row), store prompt + output first, so the next turn of its conversation finds it."""
-        cache = self.prefix_cache
-        if cache is None:
-            return
-        if row is not None and req.cache_generation == cache.generation:
-            kv = self._batch.row_kv(row)  # prompt + output but the last sampled token
-            n = kv[0][0].shape[1]
-            cache.insert((req.input_ids + req.output_ids)[:n], kv)
-            PREFIX_CACHE_TOKENS.set(cache.stats.tokens)
-        if req.cache_lease is not None:
-            cache.unlock(req.cache_lease)
-            req.cache_lease = None
+        """A request leaves the batch (`row`: its batch row when it finished)."""
+        if self.prefix_cache is not None:
+            kv = None if row is None else (lambda: self._batch.row_kv(row))
+            admission.release(self.prefix_cache, req, kv)
+            PREFIX_CACHE_TOKENS.set(self.prefix_cache.stats.tokens)
 
     def _sample_and_retire(self) -> None:
         keep: list[int] = []
