@@ -51,12 +51,14 @@ def check_enough_data(cfg: OrchestratorSettings, prompts: list[Prompt]) -> None:
     if run.max_steps is None:
         return
     # The service's own sampler decides how many steps the data gives.
-    steps = PromptSampler(prompts, run.groups_per_step, epochs=orch.epochs).num_steps
+    per_step = run.groups_per_step + orch.rollout.over_sampling
+    steps = PromptSampler(prompts, per_step, epochs=orch.epochs).num_steps
     if steps < run.max_steps:
         raise DataError(
             f"the data gives {steps} steps ({len(prompts)} prompts x orchestrator.epochs "
-            f"{orch.epochs} // run.groups_per_step {run.groups_per_step}) but run.max_steps is "
-            f"{run.max_steps}: raise orchestrator.epochs or lower run.max_steps"
+            f"{orch.epochs} // (run.groups_per_step {run.groups_per_step} + "
+            f"orchestrator.rollout.over_sampling {orch.rollout.over_sampling})) but "
+            f"run.max_steps is {run.max_steps}: raise orchestrator.epochs or lower run.max_steps"
         )
 
 

@@ -143,6 +143,18 @@ class RolloutConfig(Section):
     custom_generate: str | None = Field(
         default=None, description="Dotted path `pkg.mod:fn` replacing the multi-turn loop."
     )
+    over_sampling: int = Field(
+        default=0,
+        ge=0,
+        description="Extra groups started per step beyond run.groups_per_step: with "
+        "group_filter dropping groups, the step still publishes its groups_per_step; the "
+        "groups beyond it are not started, or discarded when they finish (counted).",
+    )
+    group_filter: str | None = Field(
+        default=None,
+        description="Dynamic sampling: `reward_std` (keep groups whose rewards differ, as DAPO) "
+        "or a dotted path `pkg.mod:fn(group) -> bool`. Rejected groups are never trained.",
+    )
     routing_key: RoutingKey = Field(
         default=RoutingKey.GROUP,
         description="Sent with every engine call (sglang-router's X-SMG-Routing-Key; "

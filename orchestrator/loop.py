@@ -22,14 +22,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from orchestrator import metrics
 from orchestrator.config import Mode, OrchestratorConfig, StalePolicy
 from orchestrator.data import PromptSampler
 from orchestrator.evaluate import evaluate
-from orchestrator.markers import RunMarkers, check_same_run, run_record
+from orchestrator.group_filter import load_group_filter
+from orchestrator.markers import RunMarkers, check_same_run, run_finished, run_record
 from orchestrator.partition import StepClaims
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
@@ -69,6 +70,17 @@ def step_groups(run_id: str, step: int, batch: list[Prompt]) -> dict[str, Prompt
     return groups
 
 
+# What became of a step's group: on the bus, or why not.
+GROUP_OUTCOMES = ("published", "already_published", "filtered", "surplus", "stale", "error")
+
+
+@dataclass
+class GroupResult:
+    group_id: str
+    outcome: str  # one of GROUP_OUTCOMES
+    samples: list[Sample]  # empty when it never ran (already published, or the step was full)
+
+
 class WeightsNotPushed(RuntimeError):
     """The engine did not reach the version a step needs within `weight_wait_s`."""
 
@@ -96,6 +108,11 @@ class Orchestrator:
         self.sampler = sampler
         self.validation = validation  # (greedy rollout, the fixed validation subset)
         self.rollout_log = rollout_log  # sampled trajectories for `searchr1 inspect`
+        # Dynamic sampling: groups the filter rejects are never published; a step starts
+        # `over_sampling` more groups and publishes what the trainer's batch needs (slots).
+        self.group_filter = load_group_filter(cfg.rollout.group_filter)
+        self._dynamic = cfg.rollout.over_sampling > 0 or self.group_filter is not None
+        self._slots = run.groups_per_step  # this step's; set when it starts
         self.last_eval: dict[str, Any] = {}
         self.prefix = f"searchr1:orchestrator:{run.id}"
         # The bus's deadline: one knob for how long any Redis call waits out an outage.
@@ -192,17 +209,21 @@ class Orchestrator:
     # -- running ----------------------------------------------------------------------------
 
     async def run(self, *, fresh: bool = False) -> None:
-        """Run steps until the data (or `run.max_steps`) is used up; `fresh` first forgets an
-        earlier run with the same id."""
+        """Run steps until the trainer has every group it will train on (`run.max_steps` x
+        `run.groups_per_step`) or the data is used up; `fresh` first forgets an earlier run
+        with the same id.
+
+        A step that publishes fewer groups than `groups_per_step` (filtered, stale, failed)
+        leaves the trainer's batch to the next step, so a run with max_steps may roll out more
+        steps than max_steps: else the trainer would wait forever for its last batch."""
         self.running = True
         if fresh:
             await self.forget()
-        last = self.sampler.num_steps
-        if self.run_cfg.max_steps is not None:
-            last = min(last, self.run_cfg.max_steps)
         try:
-            await self.restore(last)
-            while self.step < last:
+            await self.restore(self.sampler.num_steps)
+            if self.step and not await self._more_steps():
+                raise run_finished(self.run_cfg.id, self.step)
+            while await self._more_steps():
                 await self.maybe_validate()
                 await self.run_step(self.step)
                 self.step += 1
@@ -211,7 +232,33 @@ class Orchestrator:
             await self.maybe_validate(final=True)
         finally:
             self.running = False
+        await self._check_fed()
         log.info("rollout finished", extra={"steps": self.step})
+
+    def _groups_needed(self) -> int | None:
+        """Groups the trainer will consume: None when it trains as long as there is data."""
+        max_steps = self.run_cfg.max_steps
+        return None if max_steps is None else max_steps * self.run_cfg.groups_per_step
+
+    async def _more_steps(self) -> bool:
+        if self.step >= self.sampler.num_steps:
+            return False
+        needed = self._groups_needed()
+        if needed is None or self.step < (self.run_cfg.max_steps or 0):
+            return True
+        return await self.markers.published_count() < needed
+
+    async def _check_fed(self) -> None:
+        needed = self._groups_needed()
+        if needed is None:
+            return
+        published = await self.markers.published_count()
+        if published < needed:
+            log.error(
+                "the data ran out before the trainer's last batch: it will wait for groups "
+                "that never come; raise orchestrator.epochs (or lower the filter's rate)",
+                extra={"published": published, "needed": needed, "steps": self.step},
+            )
 
     async def maybe_validate(self, final: bool = False) -> None:
         """Greedy validation every `eval_every_steps` steps (and after the last one)."""
@@ -237,25 +284,38 @@ class Orchestrator:
     async def run_step(self, step: int) -> dict[str, float]:
         self.step_version = await self.wait_for_weights(step)
         start = time.perf_counter()
+        if self._dynamic:
+            # Publish what completes the trainer's current batch, no more: a short step (groups
+            # filtered) is completed by the next one, from the same weights in sync mode.
+            g = self.run_cfg.groups_per_step
+            self._slots = await self.markers.slot_limit(
+                step, g - await self.markers.published_count() % g
+            )
         prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
         results = await self.claims.run_step(
             step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
         )
-        samples = [s for group in results for s in group]
+        samples = [s for r in results for s in r.samples]
         summary = metrics.step_summary(samples, time.perf_counter() - start)
         summary["step"] = float(step)
+        for outcome in GROUP_OUTCOMES:
+            summary[f"groups_{outcome}"] = float(sum(r.outcome == outcome for r in results))
         self.last_summary = summary
         log.info("step done", extra=summary)
         if self.rollout_log is not None:
-            await self.rollout_log.log_step(step, samples, summary)
+            outcomes = {r.group_id: r.outcome for r in results}
+            await self.rollout_log.log_step(step, samples, summary, outcomes)
         return summary
 
-    async def _run_group(self, step: int, prompt: Prompt) -> list[Sample]:
+    async def _run_group(self, step: int, prompt: Prompt) -> GroupResult:
         group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
         if await self.markers.published(group_id):
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
-            return []
+            return GroupResult(group_id, "already_published", [])
+        if self._dynamic and await self.markers.slots_taken(step) >= self._slots:
+            metrics.GROUPS_SKIPPED.labels("surplus").inc()  # not started: the step is full
+            return GroupResult(group_id, "surplus", [])
         # Tokenized per group, not cached: a cache over a 170k-row dataset costs gigabytes.
         prompt_ids = prompt_token_ids(self.rollout.tokenizer, prompt.messages)
         while True:
@@ -268,7 +328,6 @@ class Orchestrator:
             )
             await self._run_samples(group)
             if any(s.status in (Status.ERROR, Status.ABORTED) for s in group):
-                metrics.GROUPS_SKIPPED.labels("error").inc()
                 log.warning(
                     "group dropped: a sample failed",
                     extra={
@@ -276,7 +335,7 @@ class Orchestrator:
                         "error": next((s.error for s in group if s.error), ""),
                     },
                 )
-                return group
+                return self._discard(group_id, "error", group)
             await self.scorer.score_group(group)
             if await self._fresh(group):
                 break
@@ -291,13 +350,23 @@ class Orchestrator:
                 await self.wait_for_weights(step)
                 continue
             if self.cfg.stale_policy == StalePolicy.DROP:
-                metrics.GROUPS_SKIPPED.labels("stale").inc()
-                return group
+                return self._discard(group_id, "stale", group)
             metrics.STALE_REGENERATED.inc()
+        if self.group_filter is not None and not self.group_filter(group):
+            return self._discard(group_id, "filtered", group)
+        if self._dynamic and not await self.markers.take_slot(step, group_id, self._slots):
+            return self._discard(group_id, "surplus", group)  # the step filled meanwhile
         await self.bus.publish([to_trajectory(s) for s in group])
         await self.markers.mark_published(group_id)
         metrics.GROUPS_PUBLISHED.inc()
-        return group
+        return GroupResult(group_id, "published", group)
+
+    @staticmethod
+    def _discard(group_id: str, outcome: str, group: list[Sample]) -> GroupResult:
+        """A generated group that is never trained: counted, and kept for the rollout log."""
+        metrics.GROUPS_SKIPPED.labels(outcome).inc()
+        metrics.DISCARDED_TOKENS.labels(outcome).inc(sum(sum(s.loss_mask) for s in group))
+        return GroupResult(group_id, outcome, group)
 
     def _room(self, groups_held: int) -> bool:
         """One more group fits: its samples and those still running (always one group)."""

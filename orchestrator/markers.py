@@ -6,6 +6,10 @@ Keys under the run's prefix (`searchr1:orchestrator:<run.id>`):
     step          the next step to roll out
     published     the ids of the groups already on the bus (a set)
     record        what makes the run this run (`run_record`): data, seed, batch sizes
+    slots:<step>  with dynamic sampling: the groups of the step allowed onto the bus (a set;
+                  a group re-run after a crash keeps its slot), at most `slot_limit:<step>`,
+                  what completes the trainer's current batch (fixed by the step's first
+                  process)
 
 Every call is retried while Redis is down (`RedisRetry`): a blip must not kill the process with
 every in-flight sample. All of them are idempotent, so a retry is harmless.
@@ -23,6 +27,18 @@ from searchr1.sections import RunConfig
 _KEYS = ("base_version", "step", "published", "record")
 
 
+# KEYS: slots; ARGV: group id, limit. 1 if the group holds (or now takes) one of the step's
+# `limit` publish slots, 0 if they are all taken by other groups.
+_TAKE_SLOT = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('SADD', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
 class RunIdInUse(RuntimeError):
     """`run.id` names a run in Redis that this one must not silently continue."""
 
@@ -30,7 +46,7 @@ class RunIdInUse(RuntimeError):
 def run_record(cfg: OrchestratorConfig, run: RunConfig) -> dict[str, Any]:
     """What makes a run this run: a restart with the same values continues it."""
     d = cfg.data
-    return {
+    record: dict[str, Any] = {
         "train_path": d.train_path,
         "max_prompts": d.max_prompts,
         "seed": d.seed,
@@ -39,6 +55,9 @@ def run_record(cfg: OrchestratorConfig, run: RunConfig) -> dict[str, Any]:
         "groups_per_step": run.groups_per_step,
         "group_size": run.group_size,
     }
+    if cfg.rollout.over_sampling:  # it changes every step's prompts (only then: older records)
+        record["over_sampling"] = cfg.rollout.over_sampling
+    return record
 
 
 def check_same_run(
@@ -54,10 +73,15 @@ def check_same_run(
         )
         raise RunIdInUse(f"run.id {run_id!r} is a run with other settings ({diff}): {how}")
     if last_step is not None and step >= last_step:
-        raise RunIdInUse(
-            f"run.id {run_id!r} has already rolled out all its {step} steps "
-            f"(a new run reusing the id would publish nothing): {how}"
-        )
+        raise run_finished(run_id, step)
+
+
+def run_finished(run_id: str, step: int) -> RunIdInUse:
+    return RunIdInUse(
+        f"run.id {run_id!r} has already rolled out all its {step} steps (a new run reusing the "
+        "id would publish nothing): set a new run.id, or pass --fresh to forget the old run's "
+        "markers"
+    )
 
 
 class RunMarkers:
@@ -67,6 +91,7 @@ class RunMarkers:
         self.redis = redis
         self.prefix = prefix
         self.retry = retry
+        self._take_slot = redis.register_script(_TAKE_SLOT)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}:{name}"
@@ -105,6 +130,28 @@ class RunMarkers:
     async def published_count(self) -> int:
         key = self.key("published")
         return int(await self.retry.call("published_count", lambda: self.redis.scard(key)))
+
+    async def take_slot(self, step: int, group_id: str, limit: int) -> bool:
+        """Whether the group may publish: one of the step's `limit` slots is (now) its own."""
+        key = self.key(f"slots:{step}")
+        got = await self.retry.call(
+            "take_slot", lambda: self._take_slot(keys=[key], args=[group_id, limit])
+        )
+        return bool(got)
+
+    async def slot_limit(self, step: int, proposed: int) -> int:
+        """The step's slot count: `proposed` unless a process of the run fixed it first."""
+        key = self.key(f"slot_limit:{step}")
+
+        async def fix() -> Any:
+            await self.redis.set(key, proposed, nx=True)
+            return await self.redis.get(key)
+
+        return int(await self.retry.call("slot_limit", fix))
+
+    async def slots_taken(self, step: int) -> int:
+        key = self.key(f"slots:{step}")
+        return int(await self.retry.call("slots_taken", lambda: self.redis.scard(key)))
 
     async def save_step(self, step: int) -> None:
         key = self.key("step")

@@ -11,7 +11,12 @@ GROUPS_PUBLISHED = Counter("searchr1_rollout_groups_published_total", "Groups on
 GROUPS_SKIPPED = Counter(
     "searchr1_rollout_groups_skipped_total",
     "Groups not published",
-    ["reason"],  # already_published | stale | error
+    ["reason"],  # already_published | stale | error | filtered | surplus
+)
+DISCARDED_TOKENS = Counter(
+    "searchr1_rollout_discarded_tokens_total",
+    "Model tokens generated for groups that are never trained",
+    ["reason"],  # stale | error | filtered (group_filter) | surplus (over-sampling)
 )
 STALE_REGENERATED = Counter(
     "searchr1_rollout_stale_regenerated_total", "Groups regenerated for exceeding max_staleness"

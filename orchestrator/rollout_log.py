@@ -215,10 +215,14 @@ class RolloutLog:
     # -- the async entry points: never raise, never block the event loop ----------------------
 
     async def log_step(
-        self, step: int, samples: list[Sample], summary: dict[str, float] | None = None
+        self,
+        step: int,
+        samples: list[Sample],
+        summary: dict[str, float] | None = None,
+        outcomes: dict[str, str] | None = None,
     ) -> None:
         try:
-            await asyncio.to_thread(self.write_step, step, samples, summary or {})
+            await asyncio.to_thread(self.write_step, step, samples, summary or {}, outcomes)
         except Exception:  # the log is a diagnostic: a full disk must not stop training
             log.exception("rollout log: writing step failed", extra={"step": step})
 
@@ -248,7 +252,14 @@ class RolloutLog:
             )
         return rows
 
-    def write_step(self, step: int, samples: list[Sample], summary: dict[str, float]) -> Path:
+    def write_step(
+        self,
+        step: int,
+        samples: list[Sample],
+        summary: dict[str, float],
+        outcomes: dict[str, str] | None = None,
+    ) -> Path:
+        """`outcomes`: group id -> what became of it (published, filtered, surplus, ...)."""
         failures = self.cfg.max_failures_per_step if self.cfg.log_failures else 0
         chosen = select(samples, self.cfg.groups_per_step, failures)
         path = self.layout.step_file(step)
@@ -274,6 +285,7 @@ class RolloutLog:
                     "finish": [s.status.value if s.status else "" for s in g],
                     "searches": [sum(t.action == "search" for t in s.turns) for s in g],
                     "logged": [s.sample_index for s in g if s.trajectory_id in logged],
+                    "outcome": (outcomes or {}).get(gid, "published"),
                 }
                 for gid, g in groups.items()
             ],

@@ -150,7 +150,7 @@ async def build_orchestrator(
     prompts = load_prompts(cfg.data.train_path, cfg.data.max_prompts)
     sampler = PromptSampler(
         prompts,
-        run.groups_per_step,
+        run.groups_per_step + cfg.rollout.over_sampling,
         seed=cfg.data.seed,
         shuffle=cfg.data.shuffle,
         epochs=cfg.epochs,

@@ -40,3 +40,8 @@ def sync_generate(rollout: Any, sample: Any) -> None:
 
 
 NOT_CALLABLE = 3
+
+
+def keep_odd_prompts(group: list[Any]) -> bool:
+    """A group filter: keeps the groups of odd-numbered prompts (`q1`, `q3`, ...)."""
+    return int(group[0].prompt.metadata["index"]) % 2 == 1

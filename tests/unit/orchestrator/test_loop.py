@@ -137,7 +137,9 @@ async def test_async_staleness_bound(tokenizer, bus, policy: str) -> None:  # ty
         assert engine.weight_version - d.trajectory.weight_version <= 1
     if policy == "drop":
         assert metrics.GROUPS_SKIPPED.labels("stale")._value.get() > stale_before
-        assert len(got) < 4
+        # The dropped group leaves the trainer's one batch short: the run rolls out another
+        # step to complete it, rather than ending with the trainer waiting forever.
+        assert orch.step == 2 and len(got) >= 4
     else:
         assert metrics.STALE_REGENERATED._value.get() > regen_before
         assert len(got) == 4
