@@ -63,6 +63,9 @@ class DemoConfig:
     sglang_python: str | None = None  # SGLang's interpreter (`python3 dev.py sglang` makes one)
     trainer_backend: str = "hf"  # `trainer.backend`: hf (HF model) or megatron (Megatron-Core)
     engines: int = 1  # inference processes; the orchestrator routes over them (EnginePool)
+    train_seed: int | None = None  # data order and trainer seed on the same world (None: seed)
+    # DAPO's dynamic sampling: over_sampling = groups_per_step // 4, group_filter reward_std.
+    dynamic_sampling: bool = False
 
     @classmethod
     def quick_mode(cls, out_dir: Path, seed: int = 0, **chosen: Any) -> DemoConfig:
@@ -170,7 +173,17 @@ def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: 
     # wait for steps the data cannot give: the orchestrator refuses to start).
     n_train = len(rows["train"].read_text().splitlines())
     per_step = data["run"]["groups_per_step"]
+    if cfg.dynamic_sampling:
+        over = max(1, per_step // 4)
+        data["orchestrator"]["rollout"].update(over_sampling=over, group_filter="reward_std")
+        # Filtered steps are completed by later ones: as the policy masters the world, most
+        # groups score all-correct and are dropped, so the run may take several times the
+        # steps; data for 4x (drawing a prompt again costs nothing).
+        per_step = 4 * (per_step + over)
     data["orchestrator"]["epochs"] = math.ceil(cfg.rl_steps * per_step / n_train)
+    if cfg.train_seed is not None:  # another draw of the training on the same world
+        data["orchestrator"]["data"]["seed"] = cfg.train_seed
+        data["trainer"]["model"]["seed"] = cfg.train_seed
     data["trainer"]["model"]["path"] = str(model_dir.resolve())
     data["trainer"]["backend"] = cfg.trainer_backend
     data["trainer"]["checkpoint"]["dir"] = str(out / "checkpoints")

@@ -32,6 +32,14 @@ def demo(
     engines: int = typer.Option(
         1, min=1, help="Inference processes; the orchestrator routes a group's turns to one."
     ),
+    train_seed: int | None = typer.Option(
+        None, help="Data order and trainer seed on the same world and warm start (default: seed)."
+    ),
+    dynamic_sampling: bool = typer.Option(
+        False,
+        help="DAPO's dynamic sampling: a quarter more groups per step, groups whose rewards are "
+        "all equal dropped (orchestrator.rollout.over_sampling, group_filter: reward_std).",
+    ),
     trainer_backend: str = typer.Option(
         "hf",
         help="Trainer backend (trainer.backend): hf (Hugging Face model) or megatron "
@@ -56,6 +64,8 @@ def demo(
         "sglang_python": sglang_python,
         "trainer_backend": trainer_backend,
         "engines": engines,
+        "train_seed": train_seed,
+        "dynamic_sampling": dynamic_sampling,
     }
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)

@@ -42,6 +42,25 @@ def test_two_engines_are_listed_for_the_orchestrator_and_the_trainer(tmp_path: P
     assert loaded.orchestrator.engine_urls == urls == loaded.trainer.weight_push.engine_urls
 
 
+def test_dynamic_sampling_and_a_training_seed_reach_the_stack_config(tmp_path: Path) -> None:
+    plain_cfg = DemoConfig.quick_mode(tmp_path / "a")
+    cfg = DemoConfig.quick_mode(tmp_path / "b", dynamic_sampling=True, train_seed=3)
+    for c in (plain_cfg, cfg):
+        c.out_dir.mkdir()
+    plain = load_config(
+        write_stack_config(plain_cfg, tmp_path / "i", tmp_path / "m", _rows(tmp_path))
+    )
+    loaded = load_config(write_stack_config(cfg, tmp_path / "i", tmp_path / "m", _rows(tmp_path)))
+    rollout = loaded.orchestrator.rollout
+    assert (
+        rollout.over_sampling == loaded.run.groups_per_step // 4
+        and rollout.group_filter == "reward_std"
+    )
+    assert loaded.orchestrator.epochs > plain.orchestrator.epochs  # room for filtered steps
+    assert loaded.orchestrator.data.seed == loaded.trainer.model.seed == 3
+    assert plain.orchestrator.rollout.group_filter is None and plain.orchestrator.data.seed == 0
+
+
 def test_unknown_trainer_backend_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "deepspeed"]
