@@ -22,7 +22,10 @@ trained in two steps. Held-out EM of both runs' final models. Run from the repos
 
     OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
                                                          [--seed 0] [--train-seed N]
+                                                         [--dynamic-sampling]
 
+`--dynamic-sampling` runs both with over-sampling and the reward_std group filter (docs/
+orchestrator.md, "Dynamic sampling"): filtered groups are never published, so never lost.
 `--train-seed` draws another training (data order, trainer seed) on the same world and warm
 start, for both runs: EM's spread over training seeds is the noise the faulted run's EM is
 judged against.
@@ -93,6 +96,7 @@ class ChaosConfig:
     max_steps: int | None = None  # None: 4 per fault + 6
     groups_per_step: int = 8
     group_size: int = 4
+    dynamic_sampling: bool = False  # over_sampling G/4 and group_filter reward_std
     checkpoint_every: int = 2
     recover_timeout_s: float = 300.0
     run_timeout_s: float = 3600.0
@@ -173,7 +177,12 @@ def write_run_config(
         max_steps=cfg.steps,
     )
     n_train = len(rows["train"].read_text().splitlines())
-    data["orchestrator"]["epochs"] = math.ceil(cfg.steps * cfg.groups_per_step / n_train)
+    per_step = cfg.groups_per_step
+    if cfg.dynamic_sampling:  # as `searchr1 demo --dynamic-sampling`, at this bench's G
+        over = max(1, per_step // 4)
+        data["orchestrator"]["rollout"].update(over_sampling=over, group_filter="reward_std")
+        per_step = 4 * (per_step + over)
+    data["orchestrator"]["epochs"] = math.ceil(cfg.steps * per_step / n_train)
     data["orchestrator"].pop("rollout_log", None)  # not needed here; spares the 2 cores
     data["trainer"]["checkpoint"]["every_steps"] = cfg.checkpoint_every
     data["local"].update(
@@ -523,6 +532,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default 4/fault + 6)")
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument(
+        "--dynamic-sampling", action="store_true", help="over-sampling G/4 + group filter"
+    )
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
@@ -538,6 +550,7 @@ def main() -> int:
         max_steps=args.steps,
         groups_per_step=args.groups_per_step,
         group_size=args.group_size,
+        dynamic_sampling=args.dynamic_sampling,
     )
     import logging
 
