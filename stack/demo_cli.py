@@ -35,6 +35,11 @@ def demo(
     train_seed: int | None = typer.Option(
         None, help="Data order and trainer seed on the same world and warm start (default: seed)."
     ),
+    warm_start_from: Path | None = typer.Option(
+        None,
+        help="A finished demo's --out with the same --seed: reuse its warm-started model "
+        "(over --train-seed values, say).",
+    ),
     dynamic_sampling: bool = typer.Option(
         False,
         help="DAPO's dynamic sampling: a quarter more groups per step, groups whose rewards are "
@@ -58,6 +63,16 @@ def demo(
         )
         raise typer.Exit(2)
     _check_trainer_backend(trainer_backend)
+    if (
+        warm_start_from is not None
+        and not (warm_start_from / "model-warm" / "config.json").exists()
+    ):
+        typer.secho(
+            f"error: --warm-start-from {warm_start_from}: no model-warm/ there (a finished "
+            "demo's --out directory)",
+            err=True,
+        )
+        raise typer.Exit(2)
     setup_logging("demo", "INFO", json_format=False)
     chosen = {
         "engine": engine,
@@ -66,6 +81,7 @@ def demo(
         "engines": engines,
         "train_seed": train_seed,
         "dynamic_sampling": dynamic_sampling,
+        "warm_start_from": warm_start_from.resolve() if warm_start_from else None,
     }
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)

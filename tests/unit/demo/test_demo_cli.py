@@ -61,6 +61,15 @@ def test_dynamic_sampling_and_a_training_seed_reach_the_stack_config(tmp_path: P
     assert plain.orchestrator.rollout.group_filter is None and plain.orchestrator.data.seed == 0
 
 
+def test_a_warm_start_to_reuse_must_exist(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli.app,
+        ["demo", "--quick", "--out", str(tmp_path / "o"), "--warm-start-from", str(tmp_path)],
+    )
+    assert result.exit_code == 2 and "no model-warm/" in result.output
+    assert not (tmp_path / "o").exists()  # refused before any work
+
+
 def test_unknown_trainer_backend_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli.app, ["demo", "--quick", "--out", str(tmp_path), "--trainer-backend", "deepspeed"]
