@@ -145,6 +145,7 @@ def test_the_summary_of_a_run() -> None:
     r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, 8, (2, 6),
                       EngineCost(), 6879.0)  # fmt: skip
     line = last_line("tiny", {"sync": r, "async1": r})
+    assert "colocated_step_s=" in last_line("tiny", {"colocated": r})  # alone, too
     keys = [kv.split("=")[0] for kv in line.split()]
     assert keys[:7] == [
         "sync_step_s", "async_step_s", "speedup", "engine_busy", "trainer_busy", "ideal_step_s",
