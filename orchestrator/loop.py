@@ -292,6 +292,9 @@ class Orchestrator:
                 step, g - await self.markers.published_count() % g
             )
         prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
+        if self._dynamic:  # a step completing a short one starts fewer groups
+            keep = self._slots + self.cfg.rollout.over_sampling
+            prompts = dict(list(prompts.items())[:keep])
         results = await self.claims.run_step(
             step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
         )

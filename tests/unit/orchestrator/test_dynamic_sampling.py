@@ -113,15 +113,24 @@ async def test_over_sampling_publishes_exactly_groups_per_step(tokenizer, bus) -
     assert skipped("surplus") - before == 6  # 5 groups per step, 2 kept: 3 surplus each
 
 
-async def test_a_short_step_is_completed_by_the_next(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+async def test_a_short_step_is_completed_by_the_next(tokenizer, bus, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # The filter keeps the odd prompts only: with over_sampling 1 a step starts 3 groups and
     # may keep fewer than 2; the next step completes the batch, and the run goes on until the
     # trainer's 2 x 2 groups are out (no more: the last batch is not overfilled).
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
     orch = build(tokenizer, bus, engine, over_sampling=1, group_filter=KEEP_ODD, max_steps=2)
+    orch.rollout_log = RolloutLog(RolloutLogConfig(run_dir=str(tmp_path)), tokenizer)
     await orch.run()
     got = await drain(bus)
-    assert len(groups_of(got)) == 4 and orch.step >= 2  # exactly the trainer's 2 x 2
+    assert len(groups_of(got)) == 4  # exactly the trainer's 2 x 2
+    assert orch.step > 2  # a step fell short (the seed-0 order), and a third completed it
+    # A step starts what it may publish plus the over-sampling: after a step that published
+    # one group, the next starts 1 + 1 groups, not 2 + 1.
+    published = 0
+    for line in (tmp_path / "rollouts" / "steps.jsonl").open():
+        groups = json.loads(line)["groups"]
+        assert len(groups) == (2 - published % 2) + 1
+        published += sum(g["outcome"] == "published" for g in groups)
 
 
 async def test_several_processes_share_the_slots(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
