@@ -259,6 +259,8 @@ def run_mode(
                 seen += 1
             if procs[0].poll() is not None and seen == len(lines):
                 break
+            if "failed to listen" in log.read_text():
+                raise PortTaken(f"{mode}: the trainer's weight-push port is taken")
             for i, p in enumerate(procs[1:]):
                 if p.poll() not in (None, 0):
                     raise RuntimeError(f"{mode}: orchestrator {i} exited {p.returncode}")
@@ -290,6 +292,12 @@ def forget(redis_url: str, run_id: str) -> None:
             client.delete(*keys[i : i + 500])
     finally:
         client.close()
+
+
+class PortTaken(RuntimeError):
+    """The trainer's weight-push port (bound at its first push) was taken meanwhile: 39000-39499
+    lies in Linux's ephemeral range, and the orchestrator's thousands of client connections
+    may get it as their local port. The mode is run again on other ports."""
 
 
 def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
@@ -357,7 +365,11 @@ def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
                 sims, urls = start_sims(shape, mode_split[0], scale, cost, args, paths)
                 running = mode_split
             t0 = time.monotonic()
-            r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
+            try:
+                r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
+            except PortTaken as e:
+                print(f"{e}; running the mode again on other ports")
+                r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
             r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, shape.samples,
                               mode_split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
             results[mode] = r
