@@ -234,6 +234,8 @@ def run_mode(
     jsonl = Path(trainer_cfg["trainer"]["metrics_jsonl"])
     cost = json.dumps({"gpus": split[1], "time_scale": scale})
     log = tmp / f"{shape.name}-{mode}-trainer.log"
+    for old in tmp.glob(f"{shape.name}-{mode}-*.log"):
+        old.unlink()  # a rerun of the mode (PortTaken) starts with fresh logs
     procs = [
         start([py, "-m", "stack.cli", "trainer", "run", "--config", str(tcfg)], log,
               {"SEARCHR1_SIM_TRAINER": cost})
