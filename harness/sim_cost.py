@@ -40,9 +40,9 @@ class EngineCost:
     max_running: int = 512
     # KV pool: 80 GB x 0.88 (SGLang's mem_fraction_static for an 80 GB card) - 6.2 GB weights.
     kv_tokens: int = int((80e9 * 0.88 - 2 * PARAMS) / KV_BYTES_PER_TOKEN)
-    # Fraction of each request's context served from the prefix cache. 0 = no cache, the
-    # reference engine's default (inference.torch_engine.prefix_cache_tokens: 0); measured hit
-    # rates of the radix cache are to be fed in here.
+    # Fraction of each request's context served from the prefix cache. 0 = no cache (the
+    # upper bound on prefill). Measured with affinity routing (docs/benchmarks.md, issue 28):
+    # ~0.5 of all context tokens at slime's 2 calls (each new observation is never cached).
     prefix_hit: float = 0.0
     # A weight push moves the bf16 weights (6.2 GB) at slime's published rate: Qwen3-30B-A3B
     # (61 GB) updated in 7 s, 8.7 GB/s (hebiao064.github.io/rl-weight-sync).
