@@ -89,11 +89,24 @@ class CancellableRedis(aioredis.Redis):
             raise_swallowed_cancel(task, before)
 
 
-def connect(url: str, **kwargs: object) -> aioredis.Redis:
+def connect(
+    url: str, *, max_connections: int = 256, pool_timeout_s: float = 30.0, **kwargs: object
+) -> aioredis.Redis:
     """An asyncio client whose own retries are off: `RedisRetry` is the only policy, so a
-    deadline means what it says (redis-py's default retries would add their own waits)."""
+    deadline means what it says (redis-py's default retries would add their own waits).
+
+    Its pool makes a call wait (up to `pool_timeout_s`) for a free connection when
+    `max_connections` are in use: redis-py's default pool raised MaxConnectionsError at once,
+    which `RedisRetry` took for an outage under mere load."""
     kwargs.setdefault("socket_connect_timeout", 2.0)
-    return CancellableRedis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=pool_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        **kwargs,
+    )
+    return CancellableRedis.from_pool(pool)
 
 
 class RedisRetry:
