@@ -340,9 +340,12 @@ def start_sims(
 
 def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
               prompt_tokens: int, obs_tokens: int) -> dict[str, ModeResult]:  # fmt: skip
-    cost = EngineCost(prefix_hit=args.prefix_hit)
     workload = Workload()
     work = expected_sample(shape, workload, prompt_tokens, obs_tokens)
+    # Default: the cache on and calls routed by affinity, as SGLang and our stack run by
+    # default, at the measured hit rates; --prefix-hit 0 models no cache.
+    hit = work.prefix_hit if args.prefix_hit is None else args.prefix_hit
+    cost = EngineCost(prefix_hit=hit)
     split = (
         (args.engines, shape.gpus - args.engines)
         if args.engines
@@ -351,7 +354,8 @@ def run_shape(shape: Shape, args: argparse.Namespace, paths: dict[str, Path],
     scale = args.time_scale or shape.time_scale
     print(
         f"\n== {shape.name}: {shape.prompts} x {shape.group_size} on {shape.gpus} GPUs: "
-        f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; expected per sample "
+        f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; prefix cache serves "
+        f"{hit:.2f} of the context; expected per sample "
         f"{work.turns:.2f} turns, {work.generated:.0f} generated, {work.train:.0f} trained tokens"
     )
     results: dict[str, ModeResult] = {}
@@ -436,7 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="slime8, 6 steps per mode (< 5 min)")
     p.add_argument("--time-scale", type=float, help="simulated s per real s (default: shape's)")
     p.add_argument("--engines", type=int, help="engine GPUs (default: the split of least ideal)")
-    p.add_argument("--prefix-hit", type=float, default=EngineCost.prefix_hit)
+    p.add_argument(
+        "--prefix-hit",
+        type=float,
+        default=None,
+        help="share of prefilled context served from cache (default: the shape's, at the hit "
+        "rates measured with affinity routing; 0: no cache)",
+    )
     p.add_argument("--routing", choices=["least_loaded", "round_robin"], default="least_loaded")
     p.add_argument("--retriever-replicas", type=int, default=1)
     p.add_argument("--orchestrators", type=int, default=1)

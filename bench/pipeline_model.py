@@ -38,6 +38,22 @@ class SampleWork:
     train: float  # prompt + response tokens through the trainer
     turns: float
     context: float  # mean context of a generate call
+    # Context tokens served from the prefix cache under affinity routing (a group's calls on
+    # one engine) at the hit rates measured in issue 28 (AFFINITY_HIT_*).
+    cached: float = 0.0
+
+    @property
+    def prefix_hit(self) -> float:
+        """The share of prefilled context the cache serves (EngineCost.prefix_hit)."""
+        return self.cached / self.prefill if self.prefill else 0.0
+
+
+# Measured with affinity routing (docs/benchmarks.md, "Prefix cache and affinity routing"; our
+# engine and real SGLang): later turns 0.998 of the previous call's input and output served
+# from cache; first turns 0.797 of a group's prompt for groups of 5, i.e. 0.996 of the
+# (size - 1) / size that group-mates can share (the first sample computes it).
+AFFINITY_HIT_LATER = 0.998
+AFFINITY_HIT_FIRST = 0.797 / 0.8
 
 
 def expected_sample(
@@ -47,23 +63,30 @@ def expected_sample(
     rng = random.Random(1)
     obs = min(obs_tokens, shape.obs_tokens or obs_tokens)
     calls = shape.max_turns + (1 if shape.semantics == "original" else 0)
-    gen = pre = train = turns = 0.0
+    gen = pre = train = turns = cached = 0.0
+    shared_prompt = prompt_tokens * (shape.group_size - 1) / shape.group_size
     for _ in range(n):
-        resp = 0
+        resp = reusable = 0
         for call in range(calls):
             room = min(shape.turn_tokens, shape.response_tokens - resp)
             if room <= 0:
                 break
             tokens, search, cut = workload.draw(rng, room)
             pre += prompt_tokens + resp
+            cached += (
+                AFFINITY_HIT_FIRST * shared_prompt
+                if call == 0
+                else AFFINITY_HIT_LATER * (prompt_tokens + reusable)
+            )
             turns += 1
             resp += tokens
             gen += tokens
+            reusable = resp  # the next call reuses this one's input and output
             if cut or not search or call == calls - 1:
                 break
             resp = min(resp + obs, shape.response_tokens)
         train += prompt_tokens + resp
-    return SampleWork(gen / n, pre / n, train / n, turns / n, pre / max(turns, 1))
+    return SampleWork(gen / n, pre / n, train / n, turns / n, pre / max(turns, 1), cached / n)
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ class EngineCost:
     # KV pool: 80 GB x 0.88 (SGLang's mem_fraction_static for an 80 GB card) - 6.2 GB weights.
     kv_tokens: int = int((80e9 * 0.88 - 2 * PARAMS) / KV_BYTES_PER_TOKEN)
     # Fraction of each request's context served from the prefix cache. 0 = no cache (the
-    # upper bound on prefill). Measured with affinity routing (docs/benchmarks.md, issue 28):
-    # ~0.5 of all context tokens at slime's 2 calls (each new observation is never cached).
+    # upper bound on prefill); bench/pipeline.py sets the shape's share under affinity routing
+    # at the measured hit rates (bench.pipeline_model.SampleWork.prefix_hit).
     prefix_hit: float = 0.0
     # A weight push moves the bf16 weights (6.2 GB) at slime's published rate: Qwen3-30B-A3B
     # (61 GB) updated in 7 s, 8.7 GB/s (hebiao064.github.io/rl-weight-sync).

@@ -8,12 +8,21 @@ import asyncio
 import json
 import random
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from bench.pipeline import SHAPES, last_line
-from bench.pipeline_model import bounds, expected_sample, plan_split, rollout_steps, summarize
+from bench.pipeline_model import (
+    AFFINITY_HIT_FIRST,
+    AFFINITY_HIT_LATER,
+    bounds,
+    expected_sample,
+    plan_split,
+    rollout_steps,
+    summarize,
+)
 from harness.sim_cost import Clock, EngineCost, Workload, retriever_p50_s
 from harness.sim_engine import SimEngine
 from harness.sim_trainer import SleepingBackend, TrainerCost
@@ -58,6 +67,20 @@ def test_expected_work_split_and_bounds_of_slime_recipe() -> None:
     assert b.trainer_s == pytest.approx(170_000 / (6 * 6879) + cost.push_s())
     assert b.ideal_s == max(b.engine_s, b.trainer_s)
     assert b.serial_s == b.engine_s + b.trainer_s
+
+
+def test_the_affinity_cache_serves_what_the_measured_hit_rates_say() -> None:
+    # One call per sample (a slime shape with max_turns 1): only a group's shared prompt is
+    # cacheable, (size - 1) / size of it, at the measured first-turn rate.
+    one = replace(SHAPES["slime8"], max_turns=1)
+    work = expected_sample(one, Workload(), prompt_tokens=100, obs_tokens=50)
+    assert work.prefill == pytest.approx(100)
+    assert work.cached == pytest.approx(AFFINITY_HIT_FIRST * 100 * 7 / 8)
+    # Two calls: the second reuses the prompt and the first turn's tokens, not the observation.
+    two = expected_sample(SHAPES["slime8"], Workload(), prompt_tokens=100, obs_tokens=50)
+    second_calls = two.turns - 1
+    assert 0.4 < two.prefix_hit < 1.0 and second_calls > 0
+    assert two.cached > work.cached + AFFINITY_HIT_LATER * 100 * second_calls
 
 
 async def test_the_engine_batches_pauses_and_aborts_in_simulated_time() -> None:
