@@ -70,6 +70,9 @@ def step_groups(run_id: str, step: int, batch: list[Prompt]) -> dict[str, Prompt
     return groups
 
 
+# How often a step with dynamic sampling checks whether its slots are all taken.
+SLOT_POLL_S = 0.2
+
 # What became of a step's group: on the bus, or why not.
 GROUP_OUTCOMES = ("published", "already_published", "filtered", "surplus", "stale", "error")
 
@@ -113,6 +116,7 @@ class Orchestrator:
         self.group_filter = load_group_filter(cfg.rollout.group_filter)
         self._dynamic = cfg.rollout.over_sampling > 0 or self.group_filter is not None
         self._slots = run.groups_per_step  # this step's; set when it starts
+        self._step_full = asyncio.Event()  # this step's slots are all taken; set by a watcher
         self.last_eval: dict[str, Any] = {}
         self.prefix = f"searchr1:orchestrator:{run.id}"
         # The bus's deadline: one knob for how long any Redis call waits out an outage.
@@ -295,9 +299,18 @@ class Orchestrator:
         if self._dynamic:  # a step completing a short one starts fewer groups
             keep = self._slots + self.cfg.rollout.over_sampling
             prompts = dict(list(prompts.items())[:keep])
-        results = await self.claims.run_step(
-            step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
-        )
+        watcher = None
+        if self._dynamic:
+            self._step_full = asyncio.Event()
+            watcher = asyncio.create_task(self._watch_slots(step, self._step_full))
+        try:
+            results = await self.claims.run_step(
+                step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
         samples = [s for r in results for s in r.samples]
         summary = metrics.step_summary(samples, time.perf_counter() - start)
         summary["step"] = float(step)
@@ -309,6 +322,34 @@ class Orchestrator:
             outcomes = {r.group_id: r.outcome for r in results}
             await self.rollout_log.log_step(step, samples, summary, outcomes)
         return summary
+
+    async def _watch_slots(self, step: int, full: asyncio.Event) -> None:
+        """Set `full` once the step's slots are all taken (by any process of the run)."""
+        while not full.is_set():
+            if await self.markers.slots_taken(step) >= self._slots:
+                full.set()
+                return
+            await asyncio.sleep(SLOT_POLL_S)
+
+    async def _run_until_full(self, group: list[Sample]) -> bool:
+        """Run the group's samples; False when the step's slots were all taken first: the
+        group is stopped (its engine calls aborted), so the step ends with its last needed
+        group rather than its slowest (slime aborts its over-sampled requests the same way)."""
+        running = asyncio.create_task(self._run_samples(group))
+        full = asyncio.create_task(self._step_full.wait())
+        try:
+            await asyncio.wait({running, full}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            full.cancel()
+        if running.done():
+            running.result()  # its own failure is the group's
+            return True
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        for sample in group:
+            if sample.status is None:
+                sample.status, sample.error = Status.ABORTED, "stopped: the step had its groups"
+        return False
 
     async def _run_group(self, step: int, prompt: Prompt) -> GroupResult:
         group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
@@ -329,7 +370,11 @@ class Orchestrator:
                 rollout_step=step,
                 run_id=self.run_cfg.id,
             )
-            await self._run_samples(group)
+            if self._dynamic:
+                if not await self._run_until_full(group):
+                    return self._discard(group_id, "surplus", group)
+            else:
+                await self._run_samples(group)
             if any(s.status in (Status.ERROR, Status.ABORTED) for s in group):
                 log.warning(
                     "group dropped: a sample failed",

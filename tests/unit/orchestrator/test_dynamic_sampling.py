@@ -168,3 +168,30 @@ async def test_filtered_groups_stay_in_the_rollout_log(tokenizer, bus, tmp_path)
     even = {g for g in outcomes if int(g.rsplit("/", 1)[-1]) % 2 == 0}
     assert even and all(outcomes[g] == "filtered" for g in even)
     assert sum(o == "published" for o in outcomes.values()) == 2
+
+
+class SlowPromptsEngine(ScriptedEngine):
+    """Answers at once, except for the questions in `slow`: those hang."""
+
+    slow: tuple[str, ...] = ()
+    hung: int = 0
+
+    async def generate(self, input_ids, **kw):  # type: ignore[no-untyped-def]
+        text = self.tokenizer.decode(input_ids)
+        if any(f"Question: {q}?" in text for q in self.slow):
+            self.hung += 1
+            await asyncio.sleep(60)
+        return await super().generate(input_ids, **kw)
+
+
+async def test_a_full_step_stops_its_slowest_groups(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    # Over-sampling's point: the step ends with its last needed group, not its slowest one.
+    engine = SlowPromptsEngine(tokenizer, [TURN1, TURN2])
+    orch = build(tokenizer, bus, engine, over_sampling=2)
+    engine.slow = tuple(f"q{p.metadata['index']}" for p in orch.sampler.batch(0)[:2])
+    before = skipped("surplus")
+    await asyncio.wait_for(orch.run(), 20)  # the slow groups would take 60 s
+    published = groups_of(await drain(bus))
+    assert engine.hung == 4  # both slow groups' samples were running when the step filled
+    assert len(published) == 2 and skipped("surplus") - before == 2
+    assert orch.last_summary["groups_surplus"] == 2
