@@ -176,9 +176,12 @@ def configs(
         "max_tokens_per_turn": shape.turn_tokens,
         "max_response_tokens": shape.response_tokens,
         "observation_max_tokens": shape.obs_tokens,
-        "max_concurrent_samples": per_step // args.orchestrators,
+        # Every group of a step at once, the over-sampled ones included.
+        "max_concurrent_samples": (shape.prompts + args.over_sampling)
+        * shape.group_size
+        // args.orchestrators,
     }
-    if args.over_sampling:  # the hook for orchestrator.rollout.over_sampling (issue 27 part 3)
+    if args.over_sampling:  # dynamic sampling's over-sampling (docs/orchestrator.md)
         rollout["over_sampling"] = args.over_sampling
     # The orchestrator rolls out past the trainer's last step, so the measured window is steady
     # (in async mode it would otherwise finish early and idle the engines at the end).
@@ -454,8 +457,8 @@ def main(argv: list[str] | None = None) -> None:
         "--over-sampling",
         type=int,
         default=0,
-        help="extra groups per step (orchestrator.rollout.over_sampling; issue 27 part 3): "
-        "refused until the orchestrator has it",
+        help="extra groups per step (orchestrator.rollout.over_sampling): a step ends with "
+        "its last needed group, the rest stopped",
     )
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument(
@@ -464,16 +467,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: every process this bench started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.over_sampling:
-        from orchestrator.config import RolloutConfig
-
-        if "over_sampling" not in RolloutConfig.model_fields:
-            p.error("--over-sampling: this orchestrator has no rollout.over_sampling yet")
     if args.quick:
         args.shape, args.steps = ["slime8"], 6
     names = [n for n in SHAPES if n != "tiny"] if "all" in args.shape else args.shape
     tmp = Path(tempfile.mkdtemp(prefix="pipeline-"))
-    rows = max(SHAPES[n].prompts for n in names) * (args.steps + 8)
+    rows = max(SHAPES[n].prompts + args.over_sampling for n in names) * (args.steps + 8)
     model, rows_path, prompt_tokens, obs_tokens = write_inputs(tmp, rows)
     paths = {"tmp": tmp, "model": model, "rows": rows_path}
     print(f"logs and configs: {tmp}; prompt {prompt_tokens} tokens, observation {obs_tokens}")
