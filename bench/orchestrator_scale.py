@@ -33,6 +33,7 @@ import httpx
 import psutil
 import yaml
 
+from harness.child_process import wait_http
 from searchr1.redis_server import RedisServer, free_port
 
 CPU_BUDGET_MS = 2.0  # the goal: <= 2 ms of CPU per turn
@@ -138,20 +139,6 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     env["PYTHONPATH"] = os.getcwd()
     with log.open("ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not up after {timeout_s}s")
 
 
 async def drain(redis_url: str, counter: list[int], stop: asyncio.Event) -> None:

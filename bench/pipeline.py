@@ -49,6 +49,7 @@ from bench.pipeline_model import (
     rollout_steps,
     summarize,
 )
+from harness.child_process import wait_http
 from harness.sim_cost import EngineCost, Workload
 from harness.sim_trainer import MEASURED_TOKENS_PER_S
 
@@ -112,20 +113,6 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not up after {timeout_s}s")
 
 
 def write_inputs(tmp: Path, rows: int) -> tuple[Path, Path, int, int]:
