@@ -51,6 +51,12 @@ def log_lines(proc: Service, msg: str) -> list[dict[str, Any]]:
     return out
 
 
+def barrier_steps(proc: Service) -> list[int]:
+    """The steps whose barrier the process went through (it seeded or joined them)."""
+    lines = log_lines(proc, "step seeded") + log_lines(proc, "joined a started step")
+    return [d["step"] for d in lines]
+
+
 async def raw_trajectory_ids(redis_url: str) -> list[str]:
     """Every entry on the stream, before the consumer's deduplication."""
     r = aioredis.Redis.from_url(redis_url)
@@ -63,6 +69,10 @@ async def raw_trajectory_ids(redis_url: str) -> list[str]:
 async def test_three_processes_sync_mode_each_group_once_steps_ordered(
     stack: Stack, redis_server
 ) -> None:  # type: ignore[no-untyped-def]
+    # The engine holds generation until all three processes are in step 0: one slow to start
+    # (a loaded machine) would otherwise find step 0 done and resume at step 1.
+    engine = InferenceClient(stack.engine.url)
+    await engine.pause_generation("in_place")
     procs = start_three(
         stack,
         redis_server.url,
@@ -73,6 +83,10 @@ async def test_three_processes_sync_mode_each_group_once_steps_ordered(
     )
     try:
         deadline = time.monotonic() + 120
+        while not all(barrier_steps(p) for p in procs):
+            assert time.monotonic() < deadline, procs[0].log_path.read_text()[-2000:]
+            await asyncio.sleep(0.2)
+        await engine.continue_generation()
         while len(await raw_trajectory_ids(redis_server.url)) < 8:  # step 0: 4 groups x 2
             assert all(p.proc and p.proc.poll() is None for p in procs)
             assert time.monotonic() < deadline, procs[0].log_path.read_text()[-2000:]
@@ -82,14 +96,14 @@ async def test_three_processes_sync_mode_each_group_once_steps_ordered(
         first = await drain(redis_server.url)
         assert len(first) == 8 and {t.rollout_step for t in first} == {0}
         base = first[0].weight_version
-        engine = InferenceClient(stack.engine.url)
         await engine.update_weights_from_disk(str(stack.policy_dir))  # "the trainer"
-        await engine.aclose()
         for p in procs:
             assert p.proc is not None and p.proc.wait(120) == 0, p.log_path.read_text()[-2000:]
     finally:
         for p in procs:
             p.stop()
+        await engine.continue_generation()
+        await engine.aclose()
     raw1 = await raw_trajectory_ids(redis_server.url)
     second = await drain(redis_server.url)
     assert len(second) == 8 and {t.rollout_step for t in second} == {1}
@@ -102,10 +116,7 @@ async def test_three_processes_sync_mode_each_group_once_steps_ordered(
     assert len({t.trajectory_id for t in first + second}) == 16
     # Every process went through both steps' barrier (seeded or joined each step).
     for p in procs:
-        steps = [
-            d["step"] for d in log_lines(p, "step seeded") + log_lines(p, "joined a started step")
-        ]
-        assert sorted(steps) == [0, 1], p.log_path.read_text()[-2000:]
+        assert sorted(barrier_steps(p)) == [0, 1], p.log_path.read_text()[-2000:]
     print(
         "groups per process:",
         Counter(d["worker"] for p in procs for d in log_lines(p, "group done")),
