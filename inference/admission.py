@@ -35,7 +35,8 @@ def choose(waiting: deque[Request], limit: int, cache: PrefixCache | None) -> li
         warm = is_warm(req, cache)
         if warm_pass is None:
             warm_pass = warm
-        if warm != warm_pass or shares_uncached_start(req, batch, cache):
+        # A cold request's start is not cached (is_warm walked the tree for it already).
+        if warm != warm_pass or (cache is not None and not warm and starts_like(req, batch)):
             held.append(req)
         else:
             batch.append(req)
@@ -50,15 +51,12 @@ def is_warm(req: Request, cache: PrefixCache | None) -> bool:
     return cache.cached_length(req.input_ids[:-1]) >= SHARED_MIN
 
 
-def shares_uncached_start(req: Request, batch: list[Request], cache: PrefixCache | None) -> bool:
-    """Whether `req` starts like a request already in `batch`, and that start is not cached."""
-    if cache is None or req.output_ids or len(req.input_ids) <= SHARED_MIN:
+def starts_like(req: Request, batch: list[Request]) -> bool:
+    """Whether `req`'s prompt starts (SHARED_MIN tokens) like one already in `batch`."""
+    if req.output_ids or len(req.input_ids) <= SHARED_MIN:
         return False
     head = req.input_ids[:SHARED_MIN]
-    return (
-        any(not other.output_ids and other.input_ids[:SHARED_MIN] == head for other in batch)
-        and cache.cached_length(head) < SHARED_MIN
-    )
+    return any(not other.output_ids and other.input_ids[:SHARED_MIN] == head for other in batch)
 
 
 def keep_admitted(

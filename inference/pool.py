@@ -112,10 +112,10 @@ class EnginePool:
         return pinned, "sticky"
 
     def _least_loaded(self, now: float) -> PooledEngine:
-        up = [e for e in self.engines if e.is_up(now)] or self.engines
-        turn = next(self._turn)
-        n = len(self.engines)
-        return min(up, key=lambda e: (e.in_flight, e.keys, (self.engines.index(e) - turn) % n))
+        up = [(i, e) for i, e in enumerate(self.engines) if e.is_up(now)]
+        candidates = up or list(enumerate(self.engines))
+        turn, n = next(self._turn), len(self.engines)
+        return min(candidates, key=lambda c: (c[1].in_flight, c[1].keys, (c[0] - turn) % n))[1]
 
     def _pin(self, key: str, engine: PooledEngine) -> None:
         old = self._key_engine.pop(key, None)

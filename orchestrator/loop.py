@@ -288,19 +288,18 @@ class Orchestrator:
     async def run_step(self, step: int) -> dict[str, float]:
         self.step_version = await self.wait_for_weights(step)
         start = time.perf_counter()
+        prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
+        watcher = None
         if self._dynamic:
             # Publish what completes the trainer's current batch, no more: a short step (groups
-            # filtered) is completed by the next one, from the same weights in sync mode.
+            # filtered) is completed by the next one, from the same weights in sync mode; and
+            # start only that plus the over-sampling.
             g = self.run_cfg.groups_per_step
             self._slots = await self.markers.slot_limit(
                 step, g - await self.markers.published_count() % g
             )
-        prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
-        if self._dynamic:  # a step completing a short one starts fewer groups
             keep = self._slots + self.cfg.rollout.over_sampling
             prompts = dict(list(prompts.items())[:keep])
-        watcher = None
-        if self._dynamic:
             self._step_full = asyncio.Event()
             watcher = asyncio.create_task(self._watch_slots(step, self._step_full))
         try:
@@ -357,8 +356,8 @@ class Orchestrator:
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
             return GroupResult(group_id, "already_published", [])
-        if self._dynamic and await self.markers.slots_taken(step) >= self._slots:
-            metrics.GROUPS_SKIPPED.labels("surplus").inc()  # not started: the step is full
+        if self._dynamic and self._step_full.is_set():  # the watcher's: the step is full
+            metrics.GROUPS_SKIPPED.labels("surplus").inc()  # not started
             return GroupResult(group_id, "surplus", [])
         # Tokenized per group, not cached: a cache over a 170k-row dataset costs gigabytes.
         prompt_ids = prompt_token_ids(self.rollout.tokenizer, prompt.messages)
