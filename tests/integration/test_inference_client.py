@@ -233,7 +233,11 @@ async def test_weight_versions_and_model_info_shapes(target: Target) -> None:
     meta = r.json()["meta_info"]
     version = meta["weight_version"]
     assert isinstance(version, str) and version == info["weight_version"]
-    assert meta["weight_versions"] == [{"version": version, "start": 0, "end": 3}]
+    # The tiny random model may sample its stop token before max_new_tokens: the span covers
+    # however many tokens came out (CI saw 2 of 3 once).
+    made = meta["completion_tokens"]
+    assert 1 <= made <= 3
+    assert meta["weight_versions"] == [{"version": version, "start": 0, "end": made}]
     assert {"model_path", "is_generation", "weight_version"} <= set(info)
     # SGLang does not report the dtype: a weight sender takes it from config there.
     assert ("dtype" in info) is (not target.is_sglang)
