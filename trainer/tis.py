@@ -15,6 +15,7 @@ Weights are computed once per rollout batch, without gradient.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,10 @@ def kish_ess(weights: torch.Tensor) -> float:
     return float(weights.double().sum()) ** 2 / (n * sq)
 
 
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
 def _per_sample_sum(x: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
     return torch.zeros(num_samples, dtype=x.dtype).index_add_(0, sample_index, x)
 
@@ -53,7 +58,10 @@ def tis_weights(
 ) -> TISResult:
     old_logp, rollout_logp = old_logp.double(), rollout_logp.double()
     valid = mask.bool() & finite_mask(old_logp, rollout_logp)
-    log_r = zero_where_invalid(clamp_log_ratio(old_logp - rollout_logp, cfg.log_ratio_clamp), valid)
+    # Raw log-ratios for the aggregates and the veto; like slime and verl, only what goes into
+    # exp is clamped (a token's ratio, or a sequence's sum / mean), never the terms of a sum.
+    raw_log_r = zero_where_invalid(old_logp - rollout_logp, valid)
+    log_r = clamp_log_ratio(raw_log_r, cfg.log_ratio_clamp)
     n_valid = int(valid.sum())
     vetoed_samples = 0
     rejected = torch.zeros_like(valid)  # weight 0 on purpose: masked or vetoed
@@ -69,7 +77,7 @@ def tis_weights(
         if cfg.level == TISLevel.TOKEN:
             log_w = log_r
         else:
-            seq = _per_sample_sum(log_r, sample_index, num_samples)
+            seq = _per_sample_sum(raw_log_r, sample_index, num_samples)
             if cfg.level == TISLevel.GEOMETRIC:
                 counts = _per_sample_sum(valid.double(), sample_index, num_samples)
                 seq = seq / counts.clamp(min=1.0)
@@ -87,7 +95,8 @@ def tis_weights(
         modified = modified & valid
         bound = cfg.upper
         if cfg.veto_threshold is not None:
-            low = (valid & (torch.exp(log_r) < cfg.veto_threshold)).double()
+            # In log space: a ratio below exp(-clamp) must still count as below the threshold.
+            low = (valid & (raw_log_r < _log(cfg.veto_threshold))).double()
             veto = _per_sample_sum(low, sample_index, num_samples) > 0
             vetoed_samples = int(veto.sum())
             rejected = rejected | veto[sample_index]

@@ -109,3 +109,31 @@ def test_token_tis_renormalize_never_exceeds_the_cap() -> None:
     cfg = TISConfig(mode=TISMode.TOKEN, renormalize=True)
     res = tis_weights(old, torch.zeros(3), torch.ones(3), torch.tensor([0, 1, 2]), 3, cfg)
     assert res.weights.tolist() == pytest.approx([2.0, 0.3, 0.3], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("level", "log_ratios", "expected_log_w"),
+    [
+        # slime and verl sum (or average) the raw token log-ratios, then clamp the aggregate to
+        # +-20: 25 - 10 = 15, not clamp(25) - 10 = 10.
+        (TISLevel.SEQUENCE, (25.0, -10.0), 15.0),
+        # (30 + 0) / 2 = 15, not (clamp(30) + 0) / 2 = 10.
+        (TISLevel.GEOMETRIC, (30.0, 0.0), 15.0),
+        # The aggregate itself is still bounded: 15 + 15 = 30 -> 20.
+        (TISLevel.SEQUENCE, (15.0, 15.0), 20.0),
+    ],
+)
+def test_mis_clamps_the_aggregate_not_each_token(
+    level: TISLevel, log_ratios: tuple[float, float], expected_log_w: float
+) -> None:
+    old = torch.tensor(log_ratios, dtype=torch.float64)
+    w = _mis(old, [0, 0], 1, level=level, upper=1e12, veto_threshold=None)
+    assert w.double().log().tolist() == pytest.approx([expected_log_w] * 2, rel=1e-6)
+
+
+def test_mis_veto_sees_the_unclamped_token_ratio() -> None:
+    # A token ratio of exp(-30) is below a veto threshold of exp(-25); clamping it to exp(-20)
+    # first would hide it (verl compares the raw log-ratio with log(threshold)).
+    old = torch.tensor([-30.0, 0.0], dtype=torch.float64)
+    w = _mis(old, [0, 1], 2, level=TISLevel.TOKEN, action=TISAction.CLIP, veto_threshold=1e-11)
+    assert w.tolist() == pytest.approx([0.0, 1.0])
