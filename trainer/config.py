@@ -54,6 +54,12 @@ class LossConfig(Section):
     entropy_coef: float = Field(default=0.0, ge=0)
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
     log_ratio_clamp: float = Field(default=20.0, gt=0, description="|log-ratio| bound before exp.")
+    clip_ratio_c: float | None = Field(
+        default=None,
+        gt=1,
+        description="verl's dual-clip: a token with a negative advantage A has loss at most "
+        "-A * clip_ratio_c (verl uses 3). None: off.",
+    )
     old_logprobs: OldLogprobSource = OldLogprobSource.RECOMPUTE
     train_on_infrastructure_failures: bool = Field(
         default=False,

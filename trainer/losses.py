@@ -39,6 +39,7 @@ class PolicyLoss:
     ratio: torch.Tensor
     clipped_low: torch.Tensor  # bool: the lower clip is active (A < 0, ratio < 1 - eps_low)
     clipped_high: torch.Tensor  # bool: the upper clip is active (A > 0, ratio > 1 + eps_high)
+    clipped_dual: torch.Tensor  # bool: the dual clip is active (A < 0, loss capped at -A * c)
 
 
 def ppo_clip_loss(
@@ -49,18 +50,29 @@ def ppo_clip_loss(
     eps_low: float,
     eps_high: float,
     log_ratio_clamp: float = 20.0,
+    clip_ratio_c: float | None = None,
 ) -> PolicyLoss:
-    """`max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))` per token."""
+    """`max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))` per token.
+
+    With `clip_ratio_c` (verl's dual-clip, Ye et al. 2019), tokens with A < 0 take
+    `min(that, -A * c)`: a very large ratio on a bad action no longer makes an unbounded loss.
+    """
     ratio = torch.exp(clamp_log_ratio(logp - old_logp, log_ratio_clamp))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
     active = clipped > unclipped
+    dual = torch.zeros_like(active)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
     return PolicyLoss(
         loss=loss,
         ratio=ratio,
         clipped_low=active & (ratio < 1.0 - eps_low),
         clipped_high=active & (ratio > 1.0 + eps_high),
+        clipped_dual=dual,
     )
 
 
@@ -157,6 +169,7 @@ def grpo_loss(
         eps_low=cfg.eps_clip_low,
         eps_high=cfg.eps_clip_high,
         log_ratio_clamp=cfg.log_ratio_clamp,
+        clip_ratio_c=cfg.clip_ratio_c,
     )
     pg_tok = pg.loss if tis_weights is None else pg.loss * tis_weights
     pg_loss = (pg_tok * w).sum()
@@ -168,6 +181,8 @@ def grpo_loss(
         "ratio_mean": float((pg.ratio.detach() * w).sum()),
         "nonfinite_trainer_logprobs": float(nonfinite),
     }
+    if cfg.clip_ratio_c is not None:
+        metrics["clip_fraction_dual"] = float((pg.clipped_dual.float() * w).sum())
     if ref_logp is not None:
         metrics["nonfinite_ref_logprobs"] = float(nonfinite_ref)
         # Without kl_coef the token still trains; it is only left out of the `kl` metric.

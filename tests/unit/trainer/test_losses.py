@@ -174,3 +174,52 @@ def test_nonfinite_ref_logprob_without_kl_keeps_the_policy_term() -> None:
     assert out.metrics["pg_loss"] == pytest.approx(-1.0)
     assert math.isfinite(out.metrics["kl"]) and math.isfinite(out.loss.item())
     assert out.metrics["nonfinite_ref_logprobs"] == 1
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages() -> None:
+    # verl's dual-clip: for A < 0 the clipped loss is at most -A * c (here c = 3).
+    # ratios 5, 2, 5, 0.5 against advantages -1, -1, 1, -2.
+    ratios = t(5.0, 2.0, 5.0, 0.5)
+    adv = t(-1.0, -1.0, 1.0, -2.0)
+    out = ppo_clip_loss(
+        ratios.log(), torch.zeros(4), adv, eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0
+    )
+    # A=-1, r=5: max(5, 1.28) = 5 -> min(5, 3) = 3 (dual clip); A=-1, r=2: max(2, 1.28) = 2 < 3;
+    # A=1, r=5: max(-5, -1.28) = -1.28 (positive advantage: no dual clip);
+    # A=-2, r=0.5: max(1, 1.6) = 1.6 (lower clip) < 6.
+    assert out.loss.tolist() == pytest.approx([3.0, 2.0, -1.28, 1.6], abs=1e-6)
+    assert out.clipped_dual.tolist() == [True, False, False, False]
+    # The dual-clipped token has no gradient through its ratio (a constant -A * c).
+    logp = ratios.log().requires_grad_(True)
+    loss = ppo_clip_loss(
+        logp, torch.zeros(4), adv, eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0
+    ).loss.sum()
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([0.0, 2.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_dual_clip_off_by_default_changes_nothing() -> None:
+    assert LossConfig().clip_ratio_c is None
+    ratios = t(5.0, 2.0, 5.0, 0.5)
+    adv = t(-1.0, -1.0, 1.0, -2.0)
+    out = ppo_clip_loss(ratios.log(), torch.zeros(4), adv, eps_low=0.2, eps_high=0.28)
+    assert out.loss.tolist() == pytest.approx([5.0, 2.0, -1.28, 1.6], abs=1e-6)
+    assert not out.clipped_dual.any()
+
+
+def test_dual_clip_in_grpo_loss_and_its_metric() -> None:
+    cfg = LossConfig(kl_coef=0.0, clip_ratio_c=3.0)
+    w = t(0.25, 0.25, 0.25, 0.25)
+    out = grpo_loss(t(5.0, 2.0, 5.0, 0.5).log(), torch.zeros(4), t(-1, -1, 1, -2), w, cfg)
+    assert out.metrics["pg_loss"] == pytest.approx((3.0 + 2.0 - 1.28 + 1.6) / 4)
+    assert out.metrics["clip_fraction_dual"] == pytest.approx(0.25)
+    plain = grpo_loss(t(5.0).log(), t(0.0), t(-1.0), t(1.0), LossConfig(kl_coef=0.0))
+    assert plain.metrics["pg_loss"] == pytest.approx(5.0)
+    assert "clip_fraction_dual" not in plain.metrics
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5])
+def test_dual_clip_constant_must_exceed_one(bad: float) -> None:
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        LossConfig(clip_ratio_c=bad)
