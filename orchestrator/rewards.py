@@ -1,9 +1,12 @@
 """Rule rewards of the Search-R1 recipe: normalisation, EM / sub-EM / F1, format validity.
 
 All functions score the *response* only (what the policy generated plus the observations the
-orchestrator appended), never the prompt: the prompt contains the `<answer> Beijing </answer>`
-example, which the references dodge by requiring two matches in prompt+response. Scoring the
-response with "last answer wins" is equivalent and cannot be fooled by the example.
+orchestrator appended), never the prompt, which holds the `<answer> Beijing </answer>` example.
+This differs from the references: slime (and Search-R1's `qa_em_format.py`) score prompt +
+response and take the last `<answer>` match, `None` only when there is none at all, so a
+response without an answer yields the prompt's "Beijing" (EM 1 on a question whose gold is
+Beijing, and `has_answer` everywhere). With an answer in the response both pick the same one.
+`tests/unit/orchestrator/test_rewards.py` shows both behaviours side by side.
 """
 
 from __future__ import annotations

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator import rewards as R
 from orchestrator.config import ShapedScores
+from orchestrator.prompt import make_prompt_text
 
 VALID_ONE_SEARCH = (
     "<think> need to look it up </think>\n<search> capital of france </search>\n\n"
@@ -155,3 +158,23 @@ def test_components_all_present() -> None:
         "has_answer": 1.0,
         "retrieval": 1.0,
     }
+
+
+def _reference_extract(prompt: str, response: str) -> str | None:
+    """slime's `extract_solution` as it is called: the last match in prompt + response."""
+    matches = re.findall(r"<answer>(.*?)</answer>", prompt + response, re.DOTALL)
+    return matches[-1].strip() if matches else None
+
+
+def test_extraction_versus_the_references_on_the_prompt_example() -> None:
+    prompt = make_prompt_text("what is the capital of china")
+    no_answer = "<think> hm </think> I do not know."
+    # The references pick up the prompt's example when the response gives no answer...
+    assert _reference_extract(prompt, no_answer) == "Beijing"
+    # ...we score the response alone: no answer, so no EM and has_answer 0.
+    assert R.extract_answer(no_answer) is None
+    c = R.components(no_answer, ["Beijing"])
+    assert (c["em"], c["has_answer"]) == (0.0, 0.0)
+    # With an answer in the response both take the same, the response's last.
+    answered = "<think> hm </think>\n<answer> Shanghai </answer>"
+    assert _reference_extract(prompt, answered) == R.extract_answer(answered) == "Shanghai"
