@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import logging
 import secrets
@@ -148,7 +149,12 @@ class WeightSender:
             errors = [r for r in joins.result() if isinstance(r, BaseException)]
             if errors:
                 # Our rank 0 stays blocked in its join until the timeout: a daemon thread, it
-                # does not keep the process alive, and its group name is never reused.
+                # does not keep the process alive, and its group name is never reused. It
+                # waits on the rendezvous server, which must outlive it: torn down under it
+                # (the sender collected, the interpreter exiting), the thread's C++ wait
+                # fails and aborts the process (SIGABRT, "terminate called").
+                _keep_forever(self._store)
+                host.add_done_callback(_observe)
                 raise errors[0]
         self._group = await host
         # Every rank is in the group, but an engine registers it under its name only when its
@@ -388,6 +394,11 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
 
     threading.Thread(target=run, name="weight-collective", daemon=True).start()
     return fut
+
+
+def _keep_forever(obj: Any) -> None:
+    """One more reference that is never dropped: `obj` is never destroyed, not even at exit."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def _observe(fut: asyncio.Future[Any]) -> None:
