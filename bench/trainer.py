@@ -17,7 +17,9 @@
    compared with a raw `torch.distributed.broadcast` of the same number of bytes between two
    processes (the transport's ceiling). CPU only.
 
-The last line is key=value pairs.
+The last line is key=value pairs. The smallest run (both backends, then the push; about 15 s
+on 2 cores): `python bench/trainer.py --samples 8 --hidden 64 --layers 1 --vocab 256
+--repeats 1 --padded-mbs 2`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import random
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -143,17 +146,44 @@ def train_rate(
     return tokens / best, best, padded, tokens / best_cpu
 
 
-def _raw_receiver(port: int, nbytes: int) -> None:
+def teardown_process_groups() -> None:
+    """Destroy the groups a training backend left up (Megatron's model-parallel groups over a
+    one-rank default group): the push part joins a two-rank default group of its own."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    try:
+        from megatron.core import parallel_state as ps
+    except ImportError:
+        ps = None
+    if ps is not None and ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _raw_receiver(port: int, nbytes: int, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=1,
+        world_size=2,
+        timeout=timedelta(seconds=timeout_s),
+    )
     buf = torch.empty(nbytes, dtype=torch.uint8)
     for _ in range(2):
         dist.broadcast(buf, src=0)
     dist.destroy_process_group()
 
 
-def raw_broadcast_seconds(nbytes: int) -> float:
+def raw_broadcast_seconds(nbytes: int, timeout_s: float = 120.0) -> float:
+    """Seconds of one gloo broadcast of `nbytes` to a receiver process (after a warm-up one).
+
+    Every wait has a deadline (`timeout_s`: rendezvous, broadcasts, the receiver's exit), and
+    the receiver is killed on any failure: a child left waiting in its rendezvous would be
+    joined at interpreter exit, forever.
+    """
     import multiprocessing as mp
 
     import torch.distributed as dist
@@ -162,17 +192,35 @@ def raw_broadcast_seconds(nbytes: int) -> float:
 
     port = free_port()
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_raw_receiver, args=(port, nbytes))
+    proc = ctx.Process(target=_raw_receiver, args=(port, nbytes, timeout_s), daemon=True)
     proc.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
-    buf = torch.ones(nbytes, dtype=torch.uint8)
-    dist.broadcast(buf, src=0)  # warm-up
-    t0 = time.perf_counter()
-    dist.broadcast(buf, src=0)
-    seconds = time.perf_counter() - t0
-    dist.destroy_process_group()
-    proc.join(60)
-    return seconds
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=0,
+            world_size=2,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        try:
+            buf = torch.ones(nbytes, dtype=torch.uint8)
+            dist.broadcast(buf, src=0)  # warm-up
+            t0 = time.perf_counter()
+            dist.broadcast(buf, src=0)
+            seconds = time.perf_counter() - t0
+        finally:
+            dist.destroy_process_group()
+        proc.join(timeout_s)
+        if proc.exitcode != 0:
+            raise RuntimeError(
+                f"raw-broadcast receiver did not finish cleanly within {timeout_s:.0f} s "
+                f"(exit code {proc.exitcode})"
+            )
+        return seconds
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
 
 
 async def push_seconds(args: argparse.Namespace, tmp: Path) -> tuple[float, int]:
@@ -239,6 +287,7 @@ def main() -> None:
             print(f"megatron / hf, packed: {ratio:.2f}x by wall clock, {cpu:.2f}x per CPU-second")
             kv["megatron_over_hf_packed"] = round(ratio, 2)
             kv["megatron_over_hf_packed_cpu"] = round(cpu, 2)
+        teardown_process_groups()
     if not args.no_push and args.device == "cpu":
         with tempfile.TemporaryDirectory() as tmp:
             push_s, nbytes = asyncio.run(push_seconds(args, Path(tmp)))
