@@ -84,6 +84,20 @@ def run_finished(run_id: str, step: int) -> RunIdInUse:
     )
 
 
+# Every op the markers pass to the Redis retry policy (tests check the list is complete).
+REDIS_OPS = (
+    "forget",
+    "mark_published",
+    "published",
+    "published_count",
+    "restore",
+    "save_step",
+    "slot_limit",
+    "slots_taken",
+    "take_slot",
+)
+
+
 class RunMarkers:
     """The markers of one run id, read and written through `retry`."""
 
@@ -91,6 +105,7 @@ class RunMarkers:
         self.redis = redis
         self.prefix = prefix
         self.retry = retry
+        self.retry.declare(REDIS_OPS)  # their retry counters exported at 0 from start-up
         self._take_slot = redis.register_script(_TAKE_SLOT)
 
     def key(self, name: str) -> str:

@@ -8,10 +8,9 @@ from orchestrator.sample import Sample, Status
 
 SAMPLES = Counter("searchr1_rollout_samples_total", "Finished rollout samples", ["status"])
 GROUPS_PUBLISHED = Counter("searchr1_rollout_groups_published_total", "Groups on the bus")
+GROUP_SKIP_REASONS = ("already_published", "stale", "error", "filtered", "surplus")
 GROUPS_SKIPPED = Counter(
-    "searchr1_rollout_groups_skipped_total",
-    "Groups not published",
-    ["reason"],  # already_published | stale | error | filtered | surplus
+    "searchr1_rollout_groups_skipped_total", "Groups not published", ["reason"]
 )
 DISCARDED_TOKENS = Counter(
     "searchr1_rollout_discarded_tokens_total",
@@ -63,6 +62,14 @@ SEARCH_LATENCY = Histogram(
 SEARCH_RETRIES = Counter("searchr1_search_retries_total", "Search attempts retried")
 SEARCH_FAILURES = Counter(
     "searchr1_search_failures_total", "Searches failed after all retries", ["error"]
+)
+# The error label is the exception's class name; these are the retriever client's and the
+# tool runner's (orchestrator.tools.runner).
+SEARCH_FAILURE_ERRORS = (
+    "CircuitOpen",
+    "TimeoutError",
+    "RetrieverUnavailable",
+    "RetrieverBadRequest",
 )
 RETRIEVER_BREAKER_OPEN = Gauge(
     "searchr1_retriever_circuit_open", "1 while searches wait for a retriever that is down"
@@ -124,3 +131,11 @@ def step_summary(samples: list[Sample], seconds: float) -> dict[str, float]:
     INVALID_ACTION_RATE.set(summary["invalid_action_rate"])
     THROUGHPUT.set(summary["samples_per_s"])
     return summary
+
+
+# Fault counters exported at 0 from start-up: a dashboard's rate() shows 0 on a healthy run,
+# not "No data" until the first fault.
+for _reason in GROUP_SKIP_REASONS:
+    GROUPS_SKIPPED.labels(_reason)
+for _error in SEARCH_FAILURE_ERRORS:
+    SEARCH_FAILURES.labels(_error)

@@ -59,6 +59,36 @@ DUPLICATES = Counter(
 DEAD_LETTERS = Counter(
     "searchr1_bus_dead_letters_total", "Entries moved to the dead-letter stream", ["reason"]
 )
+# Exported at 0 from start-up (a dashboard's rate() shows 0, not "No data"): the bus's own
+# reasons, then those the trainer passes to `dead_letter`.
+DEAD_LETTER_REASONS = (
+    "missing_data",
+    "bad_version",
+    "unknown_version",
+    "undecodable",
+    "max_deliveries",
+    "incomplete_group",
+    "train_error",
+)
+for _reason in DEAD_LETTER_REASONS:
+    DEAD_LETTERS.labels(_reason)
+# Every op this module passes to its Redis retry policy (tests check the list is complete).
+REDIS_OPS = (
+    "ack",
+    "backlog",
+    "dead_letter",
+    "dead_letters",
+    "dedup",
+    "delivery_counts",
+    "ensure_group",
+    "forgive",
+    "heartbeat",
+    "pending",
+    "publish",
+    "read",
+    "read_pending",
+    "reclaim",
+)
 RECLAIMED = Counter("searchr1_bus_reclaimed_total", "Entries reclaimed from idle consumers")
 BACKPRESSURE_WAIT = Counter(
     "searchr1_bus_backpressure_wait_seconds_total", "Time producers waited on a full backlog"
@@ -192,6 +222,7 @@ class TrajectoryBus:
         self._ack_script = client.register_script(_ACK_LUA)
         self.fence: tuple[str, str] | None = None  # (lease key, token) that acks require
         self.retry = RedisRetry("bus", config.reconnect_timeout_s, error=BusUnavailable)
+        self.retry.declare(REDIS_OPS)
 
     @classmethod
     def from_url(cls, url: str, config: BusConfig) -> TrajectoryBus:

@@ -54,6 +54,7 @@ class RedisLease:
             raise ValueError("ttl_s must be > 0")
         self.redis, self.key, self.ttl_s = redis, key, ttl_s
         self._retry = RedisRetry("lease", ttl_s)
+        self._retry.declare(["renew"])  # its retry counter exported at 0 from start-up
         self.token = secrets.token_hex(16)
         self.value = json.dumps(
             {"token": self.token, "host": socket.gethostname(), "pid": os.getpid()}

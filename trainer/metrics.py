@@ -38,6 +38,9 @@ CHECKPOINT_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 ERRORS = Counter("searchr1_trainer_errors_total", "Failures by stage", ["stage"])
+# Exported at 0 from start-up: a dashboard's rate() shows 0, not "No data", until a fault.
+for _stage in ("train_step", "weight_push"):
+    ERRORS.labels(_stage)
 
 
 def staleness_metrics(weight_versions: list[int], trainer_version: int) -> dict[str, float]:

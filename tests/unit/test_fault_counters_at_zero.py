@@ -1,0 +1,115 @@
+"""Fault counters are exported at 0 from start-up for their known labels, so a dashboard panel
+over `rate(...)` shows 0 on a healthy run instead of "No data" until the first fault."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def exported(name: str, **labels: str) -> float | None:
+    """The value of the sample `name{labels}` in the default registry's /metrics text."""
+    text = generate_latest(REGISTRY).decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+@pytest.mark.parametrize("stage", ["train_step", "weight_push"])
+def test_trainer_errors(stage: str) -> None:
+    import trainer.metrics  # noqa: F401
+
+    assert exported("searchr1_trainer_errors_total", stage=stage) == 0.0
+
+
+@pytest.mark.parametrize("reason", ["already_published", "stale", "error", "filtered", "surplus"])
+def test_rollout_groups_skipped(reason: str) -> None:
+    import orchestrator.metrics  # noqa: F401
+
+    assert exported("searchr1_rollout_groups_skipped_total", reason=reason) == 0.0
+
+
+@pytest.mark.parametrize(
+    "error", ["CircuitOpen", "TimeoutError", "RetrieverUnavailable", "RetrieverBadRequest"]
+)
+def test_search_failures(error: str) -> None:
+    import orchestrator.metrics  # noqa: F401
+
+    assert exported("searchr1_search_failures_total", error=error) == 0.0
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "missing_data",
+        "bad_version",
+        "unknown_version",
+        "undecodable",
+        "max_deliveries",
+        "incomplete_group",
+        "train_error",
+    ],
+)
+def test_bus_dead_letters(reason: str) -> None:
+    import searchr1.bus  # noqa: F401
+
+    assert exported("searchr1_bus_dead_letters_total", reason=reason) == 0.0
+
+
+class _FakeRedis:
+    """Enough of a client for constructors: nothing is sent."""
+
+    def register_script(self, script: str) -> Any:
+        return None
+
+
+def _ops_called(path: str) -> set[str]:
+    """The op names a module passes to its Redis retry policy (`_retrying` / `call` /
+    `_call` with a string literal)."""
+    tree = ast.parse((ROOT / path).read_text())
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("call", "_retrying", "_call")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
+def test_redis_retries_of_the_bus() -> None:
+    from searchr1.bus import TrajectoryBus
+    from searchr1.sections import BusConfig
+
+    TrajectoryBus(_FakeRedis(), BusConfig())
+    from searchr1.bus import REDIS_OPS
+
+    ops = _ops_called("searchr1/bus.py")
+    assert ops == set(REDIS_OPS)
+    assert ops  # the scan finds the calls
+    for op in ops:
+        assert exported("searchr1_redis_retries_total", component="bus", op=op) == 0.0, op
+
+
+def test_redis_retries_of_the_lease_and_the_run_markers() -> None:
+    from orchestrator.markers import REDIS_OPS, RunMarkers
+    from searchr1.lease import RedisLease
+    from searchr1.redis_retry import RedisRetry
+
+    RedisLease(_FakeRedis(), "k", ttl_s=5.0)
+    assert exported("searchr1_redis_retries_total", component="lease", op="renew") == 0.0
+    RunMarkers(_FakeRedis(), "p", RedisRetry("orchestrator", 5.0))
+    assert _ops_called("orchestrator/markers.py") == set(REDIS_OPS)
+    for op in REDIS_OPS:
+        assert exported("searchr1_redis_retries_total", component="orchestrator", op=op) == 0.0
