@@ -284,6 +284,9 @@ def create_service_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        # Every route's unhandled-error counter at 0 (not "No data" until the first 500).
+        for route in app.routes:
+            HTTP_ERRORS.labels(service, getattr(route, "path", "<unmatched>"))
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
