@@ -57,6 +57,12 @@ class InferenceBadRequest(InferenceError, EngineRefused):
         self.status = status
 
 
+class InferencePartialFailure(InferenceBadRequest):
+    """A 2xx that says some servers failed: sglang-router answers an admin call that a worker
+    refused with `206 {"status": "partial_success", "message": "... 0 succeeded, 2 failed"}`.
+    Never retried (the call may have done part of its work); `status` is the HTTP status."""
+
+
 @dataclass
 class GenerateResult:
     text: str
@@ -112,6 +118,31 @@ def parse_generate(body: dict[str, Any], return_logprob: bool) -> GenerateResult
     )
 
 
+def _partial_failure(path: str, resp: Reply) -> InferencePartialFailure | None:
+    """The error a 2xx answer carries, when it signals partial success (206/207, or a body
+    whose `status` is `partial_success`); None for a plain success."""
+    if resp.status == 200 and b"partial_success" not in resp.content:
+        return None  # the hot path: no body parsed twice
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    partial = isinstance(body, dict) and body.get("status") == "partial_success"
+    if not partial and resp.status not in (206, 207):
+        return None
+    message = _error_message(resp)
+    failed = body.get("failed") if isinstance(body, dict) else None
+    if isinstance(failed, list) and failed:
+        message += " (" + "; ".join(_describe_failure(f) for f in failed[:8]) + ")"
+    return InferencePartialFailure(f"{path}: HTTP {resp.status}: {message}", resp.status)
+
+
+def _describe_failure(item: Any) -> str:
+    if isinstance(item, dict):
+        return f"{item.get('worker', '?')}: {item.get('error', item)}"
+    return str(item)
+
+
 def _error_message(resp: Reply) -> str:
     try:
         body = resp.json()
@@ -146,6 +177,9 @@ class InferenceClient:
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s  # a call's total time with its retries (None: no bound)
         self._model_info_path = "/model_info"
+        self._token = token
+        self._is_router: bool | None = None  # sglang-router (None: not asked yet)
+        self._workers: dict[str, InferenceClient] = {}  # a router's workers, asked directly
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -218,6 +252,13 @@ class InferenceClient:
                 raise InferenceBadRequest(
                     f"{path}: HTTP {resp.status}: {_error_message(resp)}", resp.status
                 )
+            partial = _partial_failure(path, resp)
+            if partial is not None:
+                CLIENT_FAILURES.labels(path, "partial").inc()
+                log.warning(
+                    "partial success is failure", extra={"path": path, "error": str(partial)}
+                )
+                raise partial
             try:
                 return resp.json()
             except ValueError:
@@ -291,7 +332,14 @@ class InferenceClient:
 
     async def get_model_info(self) -> dict[str, Any]:
         """`/model_info` (SGLang 0.5.21 logs a deprecation warning for every `/get_model_info`,
-        which the orchestrator polls); servers without it get the old route."""
+        which the orchestrator polls); servers without it get the old route.
+
+        Behind sglang-router the version is the OLDEST among its healthy workers, each asked
+        directly: the router answers `/get_model_info` from one worker, which may be ahead of
+        the others (after a restart, during a push); `workers_answered` says how many."""
+        workers = await self.router_workers()
+        if workers:
+            return await self._workers_model_info(workers)
         try:
             data = await self._request("GET", self._model_info_path)
         except InferenceBadRequest as e:
@@ -301,6 +349,55 @@ class InferenceClient:
             data = await self._request("GET", self._model_info_path)
         info = dict(data)
         info["weight_version"] = parse_weight_version(info.get("weight_version"))
+        return info
+
+    async def router_workers(self) -> list[str]:
+        """The healthy workers' URLs when this URL is sglang-router (its `GET /workers`); [] for
+        an engine (asked once: an engine never turns into a router)."""
+        if self._is_router is False:
+            return []
+        try:
+            body = await self._request("GET", "/workers", retries=0)
+        except InferenceBadRequest as e:
+            if e.status not in (401, 403, 404, 405):
+                raise
+            body = None
+        listed = body.get("workers") if isinstance(body, dict) else None
+        self._is_router = isinstance(listed, list)
+        if not isinstance(listed, list):
+            return []
+        urls = [
+            str(w["url"]).rstrip("/")
+            for w in listed
+            if isinstance(w, dict) and w.get("url") and w.get("is_healthy", True)
+        ]
+        if not urls:
+            raise InferenceUnavailable(f"{self.base_url}: the router lists no healthy worker")
+        return urls
+
+    async def _workers_model_info(self, urls: list[str]) -> dict[str, Any]:
+        workers = self._workers
+        for url in urls:
+            if url not in workers:
+                workers[url] = InferenceClient(
+                    url,
+                    timeout_s=self.timeout_s,
+                    max_retries=self.max_retries,
+                    token=self._token,
+                    backoff_s=self.backoff_s,
+                    deadline_s=self.deadline_s,
+                )
+        try:
+            infos = await asyncio.gather(*(workers[u].get_model_info() for u in urls))
+        except InferenceError as e:
+            # A worker we cannot ask may serve older weights than the others: no answer beats
+            # a wrong one (list the engines in orchestrator.engine_urls if they are remote).
+            raise InferenceUnavailable(
+                f"{self.base_url} is sglang-router; asking its worker failed: {e}"
+            ) from e
+        info = dict(infos[0])
+        info["weight_version"] = min(i["weight_version"] for i in infos)
+        info["workers_answered"] = len(infos)
         return info
 
     async def health_generate(self) -> bool:
@@ -383,6 +480,8 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        for worker in self._workers.values():
+            await worker.aclose()
 
     async def __aenter__(self) -> InferenceClient:
         return self

@@ -142,5 +142,6 @@ async def test_model_info_falls_back_to_the_old_route() -> None:
     c = InferenceClient("http://x", transport=httpx.MockTransport(old_server))
     assert (await c.get_model_info())["weight_version"] == 3
     assert (await c.get_model_info())["weight_version"] == 3
-    assert seen == ["/model_info", "/get_model_info", "/get_model_info"]  # asked once
+    # Asked once each: is it sglang-router (no: no worker list), which route it has.
+    assert seen == ["/workers", "/model_info", "/get_model_info", "/get_model_info"]
     await c.aclose()
