@@ -126,8 +126,10 @@ def push_weights(
 
     async def run() -> dict[str, float]:
         token = os.environ.get("SEARCHR1_ADMIN_TOKEN")
+        clients = [InferenceClient(u, token=token) for u in engine_url]
+        await _refuse_routers(clients)
         ws = sender.WeightSender(
-            [InferenceClient(u, token=token) for u in engine_url],
+            clients,
             master_addr=master_addr,
             master_port=master_port,
             backend=backend,
@@ -153,3 +155,21 @@ def push_weights(
     except (InferenceError, EngineRefused) as e:
         typer.secho(f"error: {e}", err=True, fg="red")
         raise typer.Exit(1) from None
+
+
+async def _refuse_routers(clients: list[InferenceClient]) -> None:
+    """sglang-router has no weight routes (its 404 would fail the join): name its workers,
+    which take the push directly. A URL that cannot be asked is left to the join to report."""
+    for c in clients:
+        try:
+            workers = await c.router_workers()
+        except InferenceError:
+            continue
+        if workers:
+            for other in clients:
+                await other.aclose()
+            hint = " ".join(f"--engine-url {w}" for w in workers)
+            raise InferenceError(
+                f"--engine-url {c.base_url} is sglang-router, which has no weight routes: "
+                f"push to its workers ({hint})"
+            )
