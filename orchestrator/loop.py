@@ -6,6 +6,8 @@ Modes (by the engine's weight version, which starts at `base` and is bumped by e
   batch published so far and pushed new weights, so samples are on-policy;
 - async: the same bound minus `max_staleness`; at publish time a group whose oldest turn is
   more than `max_staleness` versions behind the engine is dropped or regenerated (by config).
+  Steps overlap: the next starts once every group of this one is claimed, while its slowest
+  run (orchestrator.step_window); its bound counts those unfinished groups as published.
 Counting published groups rather than steps means a dropped group (stale, or a sample that
 failed) never deadlocks the pair: the trainer's next batch is filled from the next step.
 
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from orchestrator import metrics
@@ -37,6 +39,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.scoring import Scorer
+from orchestrator.step_window import StepWindow
 from orchestrator.trajectory import to_trajectory
 from searchr1.redis_retry import RedisRetry
 from searchr1.sections import BusConfig, RunConfig
@@ -78,6 +81,16 @@ GROUP_OUTCOMES = ("published", "already_published", "filtered", "surplus", "stal
 
 
 @dataclass
+class StepState:
+    """What a running step's groups share (in async mode two steps run at once)."""
+
+    step: int
+    version: int  # the weight version the step waited for
+    slots: int  # dynamic sampling: the groups it may publish
+    full: asyncio.Event = field(default_factory=asyncio.Event)  # its slots are all taken
+
+
+@dataclass
 class GroupResult:
     group_id: str
     outcome: str  # one of GROUP_OUTCOMES
@@ -115,16 +128,16 @@ class Orchestrator:
         # `over_sampling` more groups and publishes what the trainer's batch needs (slots).
         self.group_filter = load_group_filter(cfg.rollout.group_filter)
         self._dynamic = cfg.rollout.over_sampling > 0 or self.group_filter is not None
-        self._slots = run.groups_per_step  # this step's; set when it starts
-        self._step_full = asyncio.Event()  # this step's slots are all taken; set by a watcher
+        # Async steps overlap, but not with dynamic sampling: a step's slots complete the
+        # trainer's batch, which is known only once the step before has published its groups.
+        self._overlap = cfg.mode == Mode.ASYNC and not self._dynamic
         self.last_eval: dict[str, Any] = {}
         self.prefix = f"searchr1:orchestrator:{run.id}"
         # The bus's deadline: one knob for how long any Redis call waits out an outage.
         self.redis_retry = RedisRetry("orchestrator", bus.config.reconnect_timeout_s)
         self.base_version: int | None = None
-        self.step = 0
+        self.step = 0  # the lowest step not finished: where a restart resumes
         self.current_version = 0
-        self.step_version = 0  # the version the current step waited for
         self.running = False
         self.last_summary: dict[str, float] = {}
         # Every process of the run claims its share of each step's groups through Redis, a whole
@@ -175,12 +188,15 @@ class Orchestrator:
         lag = self.cfg.max_staleness if self.cfg.mode == Mode.ASYNC else 0
         return self.base_version + published // self.run_cfg.groups_per_step - lag
 
-    async def wait_for_weights(self, step: int) -> int:
+    async def wait_for_weights(self, step: int, earlier: list[int] | None = None) -> int:
         """Wait until the engine serves the version this step needs; returns that version.
+        `earlier`: steps still in flight; their unfinished groups count as published (the
+        bound holds for the data as the trainer will see it, not as far as it is published).
         Bounded by `weight_wait_s`: past it no trainer is pushing (it stopped, or its own push
         deadline gave up), and waiting on in silence would hide that; the error makes the
         service exit 1 with /ready red, which the supervisor or Kubernetes reports and restarts."""
-        need = self.required_version(await self.markers.published_count())
+        ahead = sum([await self.claims.unfinished(k) for k in earlier or []])
+        need = self.required_version(await self.markers.published_count() + ahead)
         start = time.monotonic()
         logged = False
         served: int | str = "nothing (unreachable)"
@@ -225,32 +241,64 @@ class Orchestrator:
             await self.forget()
         try:
             await self.restore(self.sampler.num_steps)
-            if self.step and not await self._more_steps():
+            if self.step and not await self._more_steps(self.step):
                 raise run_finished(self.run_cfg.id, self.step)
-            while await self._more_steps():
-                await self.maybe_validate()
-                await self.run_step(self.step)
-                self.step += 1
-                await self.markers.save_step(self.step)
-                metrics.STEP.set(self.step)
-            await self.maybe_validate(final=True)
+            await self._run_steps()
+            await self.maybe_validate(self.step, final=True)
         finally:
             self.running = False
         await self._check_fed()
         log.info("rollout finished", extra={"steps": self.step})
+
+    async def _run_steps(self) -> None:
+        """Start steps in order, two at a time in async mode (orchestrator.step_window), and
+        record each finished step once every step before it is finished too."""
+        window = StepWindow(2 if self._overlap else 1)
+        next_step = self.step
+        try:
+            while True:
+                while len(window) and not window.has_room():
+                    await self._retire(window, next_step)
+                if len(window) and self._counts_published(next_step):
+                    while len(window):  # whether to go on depends on what they publish
+                        await self._retire(window, next_step)
+                if not await self._more_steps(next_step):
+                    break
+                await self.maybe_validate(next_step)
+                window.start(
+                    next_step,
+                    lambda drained, k=next_step, e=window.steps(): self.run_step(
+                        k, drained=drained, earlier=e
+                    ),
+                )
+                next_step += 1
+            while len(window):
+                await self._retire(window, next_step)
+        finally:
+            await window.cancel()
+
+    async def _retire(self, window: StepWindow, next_step: int) -> None:
+        if await window.wait():
+            in_flight = window.steps()
+            self.step = in_flight[0] if in_flight else next_step
+            await self.markers.save_step(self.step)
+            metrics.STEP.set(self.step)
 
     def _groups_needed(self) -> int | None:
         """Groups the trainer will consume: None when it trains as long as there is data."""
         max_steps = self.run_cfg.max_steps
         return None if max_steps is None else max_steps * self.run_cfg.groups_per_step
 
-    async def _more_steps(self) -> bool:
-        if self.step >= self.sampler.num_steps:
+    def _counts_published(self, step: int) -> bool:
+        """Whether `step` runs only if the trainer still lacks groups (past `max_steps`)."""
+        return self._groups_needed() is not None and step >= (self.run_cfg.max_steps or 0)
+
+    async def _more_steps(self, step: int) -> bool:
+        if step >= self.sampler.num_steps:
             return False
-        needed = self._groups_needed()
-        if needed is None or self.step < (self.run_cfg.max_steps or 0):
+        if not self._counts_published(step):
             return True
-        return await self.markers.published_count() < needed
+        return await self.markers.published_count() < (self._groups_needed() or 0)
 
     async def _check_fed(self) -> None:
         needed = self._groups_needed()
@@ -264,10 +312,10 @@ class Orchestrator:
                 extra={"published": published, "needed": needed, "steps": self.step},
             )
 
-    async def maybe_validate(self, final: bool = False) -> None:
-        """Greedy validation every `eval_every_steps` steps (and after the last one)."""
+    async def maybe_validate(self, step: int, final: bool = False) -> None:
+        """Greedy validation before every `eval_every_steps`-th step (and after the last one)."""
         every = self.cfg.eval_every_steps
-        if self.validation is None or every is None or (self.step % every and not final):
+        if self.validation is None or every is None or (step % every and not final):
             return
         rollout, prompts = self.validation
         result = await evaluate(
@@ -276,35 +324,39 @@ class Orchestrator:
             prompts,
             run_id=self.run_cfg.id,
             rollout_log=self.rollout_log,
-            label=f"step {self.step}",
-            step=self.step,
+            label=f"step {step}",
+            step=step,
         )
         for source, scores in result["per_source"].items():
             for m in ("em", "sub_em", "f1"):
                 metrics.EVAL_SCORE.labels(source, m).set(scores[m])
-        self.last_eval = {"step": self.step, "version": self.current_version, **result}
-        log.info("validation", extra={"step": self.step, "macro": result["macro"]})
+        self.last_eval = {"step": step, "version": self.current_version, **result}
+        log.info("validation", extra={"step": step, "macro": result["macro"]})
 
-    async def run_step(self, step: int) -> dict[str, float]:
-        self.step_version = await self.wait_for_weights(step)
+    async def run_step(
+        self, step: int, *, drained: asyncio.Event | None = None, earlier: list[int] | None = None
+    ) -> dict[str, float]:
+        """Roll out one step (with this run's other processes); `drained` is set once every
+        group is claimed, `earlier` are the steps still in flight (see wait_for_weights)."""
+        version = await self.wait_for_weights(step, earlier)
         start = time.perf_counter()
         prompts = step_groups(self.run_cfg.id, step, self.sampler.batch(step))
+        state = StepState(step, version, slots=self.run_cfg.groups_per_step)
         watcher = None
         if self._dynamic:
             # Publish what completes the trainer's current batch, no more: a short step (groups
             # filtered) is completed by the next one, from the same weights in sync mode; and
             # start only that plus the over-sampling.
             g = self.run_cfg.groups_per_step
-            self._slots = await self.markers.slot_limit(
+            state.slots = await self.markers.slot_limit(
                 step, g - await self.markers.published_count() % g
             )
-            keep = self._slots + self.cfg.rollout.over_sampling
+            keep = state.slots + self.cfg.rollout.over_sampling
             prompts = dict(list(prompts.items())[:keep])
-            self._step_full = asyncio.Event()
-            watcher = asyncio.create_task(self._watch_slots(step, self._step_full))
+            watcher = asyncio.create_task(self._watch_slots(state))
         try:
             results = await self.claims.run_step(
-                step, list(prompts), lambda gid: self._run_group(step, prompts[gid])
+                step, list(prompts), lambda gid: self._run_group(state, prompts[gid]), drained
             )
         finally:
             if watcher is not None:
@@ -322,20 +374,20 @@ class Orchestrator:
             await self.rollout_log.log_step(step, samples, summary, outcomes)
         return summary
 
-    async def _watch_slots(self, step: int, full: asyncio.Event) -> None:
-        """Set `full` once the step's slots are all taken (by any process of the run)."""
-        while not full.is_set():
-            if await self.markers.slots_taken(step) >= self._slots:
-                full.set()
+    async def _watch_slots(self, state: StepState) -> None:
+        """Set `state.full` once the step's slots are all taken (by any process of the run)."""
+        while not state.full.is_set():
+            if await self.markers.slots_taken(state.step) >= state.slots:
+                state.full.set()
                 return
             await asyncio.sleep(SLOT_POLL_S)
 
-    async def _run_until_full(self, group: list[Sample]) -> bool:
+    async def _run_until_full(self, state: StepState, group: list[Sample]) -> bool:
         """Run the group's samples; False when the step's slots were all taken first: the
         group is stopped (its engine calls aborted), so the step ends with its last needed
         group rather than its slowest (slime aborts its over-sampled requests the same way)."""
         running = asyncio.create_task(self._run_samples(group))
-        full = asyncio.create_task(self._step_full.wait())
+        full = asyncio.create_task(state.full.wait())
         try:
             await asyncio.wait({running, full}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -350,13 +402,14 @@ class Orchestrator:
                 sample.status, sample.error = Status.ABORTED, "stopped: the step had its groups"
         return False
 
-    async def _run_group(self, step: int, prompt: Prompt) -> GroupResult:
+    async def _run_group(self, state: StepState, prompt: Prompt) -> GroupResult:
+        step = state.step
         group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
         if await self.markers.published(group_id):
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
             return GroupResult(group_id, "already_published", [])
-        if self._dynamic and self._step_full.is_set():  # the watcher's: the step is full
+        if self._dynamic and state.full.is_set():  # the watcher's: the step is full
             metrics.GROUPS_SKIPPED.labels("surplus").inc()  # not started
             return GroupResult(group_id, "surplus", [])
         # Tokenized per group, not cached: a cache over a 170k-row dataset costs gigabytes.
@@ -370,7 +423,7 @@ class Orchestrator:
                 run_id=self.run_cfg.id,
             )
             if self._dynamic:
-                if not await self._run_until_full(group):
+                if not await self._run_until_full(state, group):
                     return self._discard(group_id, "surplus", group)
             else:
                 await self._run_samples(group)
@@ -384,7 +437,7 @@ class Orchestrator:
                 )
                 return self._discard(group_id, "error", group)
             await self.scorer.score_group(group)
-            if await self._fresh(group):
+            if await self._fresh(state, group):
                 break
             if self.cfg.mode == Mode.SYNC:
                 # Generated by older weights than the step's: the engine restarted (back at its
@@ -392,7 +445,7 @@ class Orchestrator:
                 metrics.STALE_REGENERATED.inc()
                 log.warning(
                     "group regenerated: older weights than the step's (an engine restart?)",
-                    extra={"group_id": group_id, "need_version": self.step_version},
+                    extra={"group_id": group_id, "need_version": state.version},
                 )
                 await self.wait_for_weights(step)
                 continue
@@ -401,7 +454,7 @@ class Orchestrator:
             metrics.STALE_REGENERATED.inc()
         if self.group_filter is not None and not self.group_filter(group):
             return self._discard(group_id, "filtered", group)
-        if self._dynamic and not await self.markers.take_slot(step, group_id, self._slots):
+        if self._dynamic and not await self.markers.take_slot(step, group_id, state.slots):
             return self._discard(group_id, "surplus", group)  # the step filled meanwhile
         await self.bus.publish([to_trajectory(s) for s in group])
         await self.markers.mark_published(group_id)
@@ -436,7 +489,7 @@ class Orchestrator:
         finally:
             self._finished_early -= done
 
-    async def _fresh(self, group: list[Sample]) -> bool:
+    async def _fresh(self, state: StepState, group: list[Sample]) -> bool:
         oldest = min(v for s in group for v in (s.weight_versions or [0]))
         newest = max([self.current_version, *(v for s in group for v in s.weight_versions)])
         if self.cfg.mode == Mode.ASYNC:
@@ -447,5 +500,5 @@ class Orchestrator:
         metrics.STALENESS.observe(lag)
         if self.cfg.mode == Mode.SYNC:
             # Every turn from the step's weights (or newer, if a push landed mid-step).
-            return oldest >= self.step_version
+            return oldest >= state.version
         return lag <= self.cfg.max_staleness

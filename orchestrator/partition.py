@@ -5,8 +5,11 @@ deadline of their claim in Redis's own clock (0 = unclaimed). A process claims t
 whose deadline has passed (free, or held by a process that stopped renewing: killed, or paused
 past `claim_ttl_s`), runs it, and removes it when it is published or dropped. It claims only
 while it has room for another group, so faster processes take more. A step is done when its set
-is empty; every process waits for that before the next step, so sync mode stays ordered (the
-next step's weight version counts every group of this one).
+is empty. In sync mode every process waits for that before the next step, so the next step's
+weight version counts every group of this one; in async mode a process starts the next step once
+it finds nothing left to claim in this one (`run_step`'s `drained`), its slowest groups still
+running (orchestrator.step_window). Capacity is shared: the groups held across the steps in
+flight count against one `max_groups`.
 
 A killed process's groups are claimed again by the others once their deadline passes, or at once
 by the process itself when it restarts under the same worker id; the
@@ -125,7 +128,8 @@ class StepClaims:
         self.cfg = cfg
         self.retry = retry
         self.worker = cfg.worker_id or default_worker_id()
-        self.max_groups = max_groups  # groups this process runs at once
+        self.max_groups = max_groups  # groups this process runs at once, over all steps
+        self._held = 0  # groups this process runs now, over the steps in flight
         # Whether one more group fits, given the groups held (the orchestrator counts samples:
         # a group's finished samples free their places before the whole group is done).
         self.room = room
@@ -164,11 +168,21 @@ class StepClaims:
         was_seeded, left = await self._call("partition_done", read)
         return bool(was_seeded) and not left
 
+    async def unfinished(self, step: int) -> int:
+        """Groups of a seeded step that no process has finished (published or dropped)."""
+        claims, _, _ = self._keys(step)
+        return int(await self._call("partition_left", lambda: self.redis.zcard(claims)))
+
     async def run_step(
-        self, step: int, group_ids: list[str], run_group: Callable[[str], Awaitable[T]]
+        self,
+        step: int,
+        group_ids: list[str],
+        run_group: Callable[[str], Awaitable[T]],
+        drained: asyncio.Event | None = None,
     ) -> list[T]:
         """Run groups of `step` claimed by this process until every group of the step is
-        finished by some process; returns the results of this process's groups."""
+        finished by some process; returns the results of this process's groups. `drained` is
+        set once a claim finds nothing left (every group is claimed, some maybe still running)."""
         claims, owners, seeded = self._keys(step)
         if await self._call(
             "partition_seed", lambda: self._seed(keys=[claims, seeded], args=group_ids)
@@ -188,7 +202,7 @@ class StepClaims:
                 if renewer.done():  # it failed (Redis gone past its deadline): so does the step
                     renewer.result()
                 claimed = None
-                held = len(tasks)
+                held = self._held
                 if held < self.max_groups and (self.room is None or self.room(held)):
                     claimed = await self._call(
                         "partition_claim",
@@ -196,6 +210,8 @@ class StepClaims:
                             keys=[claims, owners], args=[self._ttl_ms, self.worker]
                         ),
                     )
+                    if not claimed and drained is not None:
+                        drained.set()
                 if claimed:
                     gid, prev = (x.decode() if isinstance(x, bytes) else x for x in claimed)
                     if prev and prev != self.worker:
@@ -205,6 +221,7 @@ class StepClaims:
                             extra={"group_id": gid, "previous_owner": prev},
                         )
                     tasks[gid] = asyncio.create_task(self._run_one(step, gid, run_group))
+                    self._held += 1
                     continue
                 if not tasks and await self.done(step):
                     return results
@@ -219,9 +236,13 @@ class StepClaims:
                     await asyncio.sleep(self.cfg.poll_s)
                 for gid in [g for g, t in tasks.items() if t in finished]:
                     task = tasks.pop(gid)
+                    self._held -= 1
                     if not task.cancelled():  # cancelled: the claim was lost (counted)
                         results.append(task.result())  # an error ends the step, as gather did
         finally:
+            if drained is not None:
+                drained.set()
+            self._held -= len(tasks)
             renewer.cancel()
             for task in tasks.values():
                 task.cancel()

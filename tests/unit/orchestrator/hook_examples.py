@@ -45,3 +45,8 @@ NOT_CALLABLE = 3
 def keep_odd_prompts(group: list[Any]) -> bool:
     """A group filter: keeps the groups of odd-numbered prompts (`q1`, `q3`, ...)."""
     return int(group[0].prompt.metadata["index"]) % 2 == 1
+
+
+def keep_all(group: list[Any]) -> bool:
+    """A filter that rejects nothing: dynamic sampling's bookkeeping with every group kept."""
+    return True

@@ -9,7 +9,7 @@ import pytest
 from orchestrator import metrics
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, row_to_prompt
-from orchestrator.loop import Orchestrator, WeightsNotPushed
+from orchestrator.loop import Orchestrator, StepState, WeightsNotPushed
 from orchestrator.markers import RunIdInUse
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
@@ -98,7 +98,7 @@ async def test_restart_does_not_publish_twice(tokenizer, bus) -> None:  # type: 
     # A crash after publishing one group of step 1 but before finishing the step:
     orch2 = build(tokenizer, bus, engine, mode="async")
     await orch2.restore()
-    await orch2._run_group(1, orch2.sampler.batch(1)[0])
+    await orch2._run_group(StepState(1, version=0, slots=2), orch2.sampler.batch(1)[0])
     before = metrics.GROUPS_SKIPPED.labels("already_published")._value.get()
     orch3 = build(tokenizer, bus, engine, mode="async")
     await orch3.run()

@@ -90,8 +90,8 @@ async def test_a_run_survives_redis_restarts_mid_step(tokenizer, bus, redis_serv
             outage()  # hits the marker of the group just published
         return ids
 
-    async def step_then_outage(step: int) -> dict[str, float]:
-        out = await real_step(step)
+    async def step_then_outage(step: int, **kw: Any) -> dict[str, float]:
+        out = await real_step(step, **kw)
         if step == 0:
             await outages[0]
             outage()  # hits the step counter
