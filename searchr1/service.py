@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import os
 import re
 import signal
@@ -126,9 +127,12 @@ class BodyLimitMiddleware:
 
 def _printable(value: Any) -> Any:
     """Strings made encodable: a lone surrogate ("\\ud800" in JSON) would make the answer's
-    UTF-8 encoding fail and turn a 422 into a 500."""
+    UTF-8 encoding fail and turn a 422 into a 500. Non-finite numbers as text: a body may
+    hold NaN or Infinity (not JSON, but Python's parser takes them), which JSON cannot echo."""
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
         return {_printable(k): _printable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
