@@ -7,6 +7,7 @@ Defaults follow slime's Search-R1 recipe (spec section 2): `max_turns=2` generat
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -63,6 +64,86 @@ class SearchConfig(Section):
         description="A search waits at most this long for the retriever to come back, then "
         "fails (an infrastructure failure, left out of training by default).",
     )
+
+
+class ActionFormat(StrEnum):
+    """How the policy calls tools (docs/orchestrator.md, "Tools")."""
+
+    # `<search> q </search>` / `<answer> a </answer>`, results in `<information>`: Search-R1's.
+    SEARCH_R1 = "search_r1"
+    # The chat template's function calling: `tools=` passed to the template, calls as
+    # `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, results as `tool` turns.
+    FUNCTION_CALLING = "function_calling"
+
+
+class McpServerConfig(Section):
+    """An MCP server whose tools are discovered at start-up (one of `command` or `url`)."""
+
+    command: list[str] = Field(
+        default_factory=list, description="stdio transport: the server's command line."
+    )
+    url: str | None = Field(default=None, description="Streamable HTTP transport: its URL.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra env (stdio).")
+    include: list[str] | None = Field(
+        default=None, description="Expose only these of its tools (default: all)."
+    )
+    connect_timeout_s: float = Field(
+        default=30.0, gt=0, description="Start-up: connect, initialize and list its tools."
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("mcp: set exactly one of command (stdio) or url (streamable HTTP)")
+        return self
+
+
+class ToolConfig(Section):
+    """One entry of `rollout.tools`: a built-in by name, a custom factory, or an MCP server.
+
+    A plain string in the list is a built-in's name. `search` takes its settings from the
+    `search` section; every other tool from the fields here (the same guarantees: a global
+    concurrency cap, a deadline per attempt, bounded retries, a circuit breaker)."""
+
+    name: str = Field(min_length=1, description="search | calculator | python, or your name.")
+    factory: str | None = Field(
+        default=None,
+        description="Dotted path `pkg.mod:factory`, called once at start-up with this "
+        "ToolConfig; returns a tool (orchestrator.tools.base.Tool) or a list of tools.",
+    )
+    mcp: McpServerConfig | None = Field(default=None, description="Tools of an MCP server.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the built-in or the factory."
+    )
+    max_concurrency: int = Field(default=64, ge=1, description="Global cap on calls in flight.")
+    timeout_s: float = Field(default=10.0, gt=0, description="Per attempt.")
+    max_attempts: int = Field(default=2, ge=1, description="1 + retries.")
+    backoff_initial_s: float = Field(default=0.2, ge=0)
+    backoff_max_s: float = Field(default=2.0, ge=0)
+    breaker_failures: int = Field(
+        default=5, ge=1, description="Calls failed in a row (after retries) that open the breaker."
+    )
+    breaker_probe_s: float = Field(
+        default=2.0, gt=0, description="While open: probe (or, with no probe, wait) this often."
+    )
+    breaker_max_wait_s: float = Field(
+        default=60.0, gt=0, description="A call waits at most this long for the tool to be back."
+    )
+    failure_observation: str = Field(
+        default="Tool {name} failed: {error}",
+        description="What the policy is shown when a call fails; {name} and {error} filled.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ToolConfig:
+        if self.factory and self.mcp:
+            raise ValueError(f"tool {self.name!r}: set factory or mcp, not both")
+        return self
 
 
 class ShapedScores(Section):
@@ -155,12 +236,34 @@ class RolloutConfig(Section):
         description="Dynamic sampling: `reward_std` (keep groups whose rewards differ, as DAPO) "
         "or a dotted path `pkg.mod:fn(group) -> bool`. Rejected groups are never trained.",
     )
+    tools: list[ToolConfig] = Field(
+        default_factory=lambda: [ToolConfig(name="search")],
+        description="The tools the policy may call, by name (`[search]`: Search-R1's); see "
+        "ToolConfig. Built, and MCP servers asked for their tools, at start-up.",
+    )
+    action_format: ActionFormat = Field(
+        default=ActionFormat.SEARCH_R1,
+        description="search_r1: the tags (one tool, `search`); function_calling: the chat "
+        "template's `<tool_call>` format (any tools).",
+    )
     routing_key: RoutingKey = Field(
         default=RoutingKey.GROUP,
         description="Sent with every engine call (sglang-router's X-SMG-Routing-Key; "
         "orchestrator.engine_urls routes by it too) so that a sample's turns, and by default "
         "its group's samples, land on the engine whose prefix cache holds their context.",
     )
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> RolloutConfig:
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"rollout.tools: names must be unique, got {names}")
+        if self.action_format == ActionFormat.SEARCH_R1 and names != ["search"]:
+            raise ValueError(
+                "rollout.tools: the search_r1 action format has one tool, search "
+                f"(got {names}); use rollout.action_format: function_calling for others"
+            )
+        return self
 
 
 class RewardConfig(ShapedScores):

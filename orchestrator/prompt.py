@@ -48,10 +48,16 @@ def make_row(
     }
 
 
-def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def prompt_token_ids(
+    tokenizer: Any, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Render with the chat template (`add_generation_prompt=True`) and tokenize once.
 
     The rendered text already holds the template's special tokens, so no others are added.
+    `tools` (function schemas) are passed to the template for the function-calling format.
     """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **kwargs
+    )
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -11,6 +11,11 @@ Turn semantics (spec section 2):
 - original: `max_turns` rounds with search enabled, then one final generation whose search,
   if any, is not executed.
 A search on the last generation call is never executed: no further turn could read it.
+
+Action formats (`rollout.action_format`): `search_r1`, the tags above (one tool, `search`);
+`function_calling`, the chat template's `<tool_call>` format over any tools
+(orchestrator/tools/function_calling.py). The tools run behind their runners
+(orchestrator/tools/runner.py): deadlines, retries, the breaker, metrics per tool.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from inference.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
-from orchestrator.config import RolloutConfig, RoutingKey, TurnSemantics
+from orchestrator.config import ActionFormat, RolloutConfig, RoutingKey, TurnSemantics
 from orchestrator.hooks import load_hook
 from orchestrator.observation import (
     Observation,
@@ -33,8 +39,13 @@ from orchestrator.observation import (
     tokenize_message,
     tokenize_observation,
 )
+from orchestrator.prompt import prompt_token_ids
 from orchestrator.sample import Sample, Status, TurnRecord
 from orchestrator.search import SearchTool
+from orchestrator.tools.function_calling import ParsedCall, ToolTurns, parse_tool_calls, truncate
+from orchestrator.tools.metrics import TOOL_CALLS
+from orchestrator.tools.runner import Limits
+from orchestrator.tools.toolbox import UNKNOWN, CallOutcome, Toolbox, describe_calls, entry
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +80,7 @@ class Rollout:
         self,
         cfg: RolloutConfig,
         generator: Generator,
-        search: SearchTool,
+        tools: SearchTool | Toolbox,
         tokenizer: Tokenizer,
         *,
         engine_retry_s: float = 600.0,
@@ -81,7 +92,21 @@ class Rollout:
         # it, so each turn asks for at most what still fits.
         self.context_length = context_length
         self.generator = generator
-        self.search_tool = search
+        if isinstance(tools, SearchTool):  # Search-R1's one tool
+            limits = Limits.of(tools.cfg)
+            tools = Toolbox([entry(tools, limits, tools.cfg.failure_observation)])
+        self.tools = tools
+        tool = tools.get("search")
+        self.search_tool: SearchTool | None = tool if isinstance(tool, SearchTool) else None
+        self.function_calling = cfg.action_format == ActionFormat.FUNCTION_CALLING
+        if not self.function_calling and self.search_tool is None:
+            raise ValueError("rollout.action_format search_r1 needs the search tool")
+        # What the engine stops on: rollout.stop if set; function calling's default is none
+        # (the engine stops at the end-of-turn token, which the template's rendering needs).
+        fc_default = self.function_calling and "stop" not in cfg.model_fields_set
+        self.stop: list[str] = [] if fc_default else list(cfg.stop)
+        self.tool_turns = ToolTurns(tokenizer, tools.schemas()) if self.function_calling else None
+        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self.tokenizer = tokenizer
         self.engine_retry_s = engine_retry_s
         self.greedy = greedy
@@ -102,8 +127,27 @@ class Rollout:
         extra = 1 if self.cfg.turn_semantics == TurnSemantics.ORIGINAL else 0
         return self.cfg.max_turns + extra
 
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's ids as this rollout's format renders them (function calling: with the
+        tools passed to the chat template)."""
+        tools = self.tools.schemas() if self.function_calling else None
+        return prompt_token_ids(self.tokenizer, messages, tools=tools)
+
+    def _tool_prompt_ids(self, sample: Sample) -> list[int]:
+        """Function calling: the prompt rendered with the tools (the loop renders it without;
+        cached per prompt, so a group renders it once)."""
+        key = sample.prompt.prompt_id
+        ids = self._prompt_cache.get(key)
+        if ids is None:
+            ids = self._prompt_cache[key] = self.prompt_ids(sample.prompt.messages)
+            if len(self._prompt_cache) > 4096:
+                self._prompt_cache.popitem(last=False)
+        return list(ids)
+
     async def run_sample(self, sample: Sample) -> Sample:
         """Run one sample to completion (never raises for engine/tool trouble: status ERROR)."""
+        if self.function_calling and not sample.response_ids:
+            sample.prompt_ids = self._tool_prompt_ids(sample)
         sample.created_at = time.time()
         sample.temperature = self.temperature  # also for a custom hook that calls the engine
         try:
@@ -170,6 +214,8 @@ class Rollout:
         if result.finish_reason == "abort":
             sample.status, sample.error = Status.ABORTED, "engine aborted the request"
             return True
+        if self.function_calling:
+            return await self._function_calling_step(sample, turn, text, result, max_new, room)
         action, content = parse_action(text)
         turn.action = action or "invalid"
         if action == "answer":
@@ -251,7 +297,7 @@ class Rollout:
                     temperature=temperature,
                     top_p=1.0 if self.greedy else self.cfg.top_p,
                     top_k=1 if self.greedy else self.cfg.top_k,
-                    stop=list(self.cfg.stop),
+                    stop=list(self.stop),
                     no_stop_trim=True,
                     return_logprob=True,
                     # The call and its own retries end with this sample's budget.
@@ -274,6 +320,7 @@ class Rollout:
                 delay = min(delay * 2, 10.0)
 
     async def search_observation(self, sample: Sample, turn: TurnRecord, query: str) -> Observation:
+        assert self.search_tool is not None  # checked in __init__
         outcome = await self.search_tool.search(query)
         turn.tool_latency_s = outcome.latency_s
         turn.tool_attempts = outcome.attempts
@@ -286,3 +333,71 @@ class Rollout:
             turn.doc_ids = [str(d.id) for d in outcome.docs]
             body = format_docs(outcome.docs)
         return tokenize_observation(self.tokenizer, body, self.cfg.observation_max_tokens)
+
+    async def _function_calling_step(
+        self,
+        sample: Sample,
+        turn: TurnRecord,
+        text: str,
+        result: Any,
+        max_new: int,
+        room: int | None,
+    ) -> bool:
+        """The rest of `step` in the function-calling format: a message without `<tool_call>`
+        is the answer; each call (malformed ones answered with their error) runs concurrently,
+        and the results come back as the template's `tool` turns."""
+        calls = parse_tool_calls(text)
+        turn_index = turn.index
+        if not calls:
+            turn.action = "answer"
+            if result.finish_reason == "length":
+                sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
+            else:
+                sample.status = Status.ANSWERED
+            return True
+        turn.action = "tool"
+        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
+            sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
+            return True
+        if turn_index + 1 >= self.generation_calls:
+            sample.status = Status.MAX_TURNS
+            return True
+        if len(sample.response_ids) >= self.cfg.max_response_tokens:
+            sample.status = Status.RESPONSE_BUDGET
+            return True
+        obs = await self.tool_observation(sample, turn, text, calls)
+        if len(sample.response_ids) + len(obs.ids) >= self.cfg.max_response_tokens:
+            sample.status = Status.RESPONSE_BUDGET
+            return True
+        sample.append_observation(obs.ids, obs.text)
+        turn.observation_tokens = len(obs.ids)
+        return False
+
+    async def _call(self, call: ParsedCall) -> CallOutcome:
+        if call.error:  # malformed: the policy reads why
+            TOOL_CALLS.labels(
+                call.name if self.tools.get(call.name) else UNKNOWN, "malformed"
+            ).inc()
+            return CallOutcome(call.name, call.arguments, f"Error: {call.error}", call.error, True)
+        return await self.tools.call(call.name, call.arguments)
+
+    async def tool_observation(
+        self, sample: Sample, turn: TurnRecord, text: str, calls: list[ParsedCall]
+    ) -> Observation:
+        """Run one turn's calls (concurrently) and render their results as `tool` turns."""
+        assert self.tool_turns is not None
+        outcomes = list(await asyncio.gather(*(self._call(c) for c in calls)))
+        turn.query = describe_calls(outcomes)
+        turn.error = "; ".join(o.error for o in outcomes if o.error)
+        turn.doc_ids = [d for o in outcomes for d in o.doc_ids]
+        turn.tool_attempts = sum(o.attempts for o in outcomes)
+        turn.tool_latency_s = max(o.latency_s for o in outcomes)
+        sample.tool_s += turn.tool_latency_s
+        if all(o.call_error for o in outcomes):
+            turn.action = "invalid"  # no call the policy made was usable
+        if any(o.error and not o.call_error for o in outcomes):
+            sample.infrastructure_failure = True  # a tool failed, not the policy
+        cap = self.cfg.observation_max_tokens
+        results = [(o.name, truncate(self.tokenizer, o.text, cap)) for o in outcomes]
+        obs_text = self.tool_turns.text(text, results)
+        return Observation(obs_text, self.tokenizer.encode(obs_text, add_special_tokens=False))

@@ -1,5 +1,6 @@
 """The search tool: a global concurrency cap, a timeout per attempt, bounded retries, and a
-circuit breaker.
+circuit breaker (`orchestrator.tools.runner`, which every tool shares; search's probe is the
+retriever's /ready).
 
 An exhausted retry budget is an explicit outcome (`SearchOutcome.error`): the rollout shows the
 policy a failure observation, records the error on the turn, flags the sample as an
@@ -19,26 +20,16 @@ and the orchestrator's /ready.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
-
-from orchestrator import metrics
 from orchestrator.config import SearchConfig
+from orchestrator.observation import format_docs
+from orchestrator.tools.base import ToolError, ToolResult
+from orchestrator.tools.metrics import SearchMetrics
+from orchestrator.tools.runner import Limits, ToolRunner
 from retriever.client import RetrieverBadRequest
-
-log = logging.getLogger(__name__)
 
 
 class SearchClient(Protocol):
@@ -58,159 +49,50 @@ class SearchOutcome:
 def _is_retryable(exc: BaseException) -> bool:
     # Bad requests (4xx other than 429) fail the same way every time; everything else
     # (timeouts, refused connections, 5xx, 429) may be a restarting or overloaded retriever.
-    return not isinstance(exc, RetrieverBadRequest)
+    return not isinstance(exc, RetrieverBadRequest | ToolError)
 
 
 class SearchTool:
+    """The `search` tool (orchestrator.tools.base.Tool) with its runner (`SearchConfig`)."""
+
+    name = "search"
+    description = "Search the corpus; returns the top documents, each with its title."
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "What to search for."}},
+        "required": ["query"],
+    }
+
     def __init__(self, client: SearchClient, cfg: SearchConfig) -> None:
         self.client = client
         self.cfg = cfg
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
-        self._outage_logged = False
-        self._failures_in_a_row = 0
-        self._down = False  # the open breaker's cause is a failing /ready (an outage)
-        self._closed = asyncio.Event()  # set: the breaker is closed (searches go through)
-        self._closed.set()
-        self._prober: asyncio.Task[None] | None = None
-        self._ready_probe: asyncio.Future[bool] | None = None  # the /ready call in flight
+        self.runner = ToolRunner(
+            Limits.of(cfg),
+            SearchMetrics(self.name),
+            ready=self.ready,
+            retryable=_is_retryable,
+            service="retriever",
+        )
 
     @property
     def breaker_open(self) -> bool:
-        return not self._closed.is_set()
+        return self.runner.breaker_open
 
-    def _record(self, failed: bool) -> None:
-        if not failed:
-            self._failures_in_a_row = 0
-            return
-        self._failures_in_a_row += 1
-        if self._failures_in_a_row >= self.cfg.breaker_failures:
-            self._open(f"{self._failures_in_a_row} searches failed in a row", down=False)
+    async def ready(self) -> bool:
+        return await self.client.ready()
 
-    def _open(self, reason: str, *, down: bool) -> None:
-        self._down = self._down or down
-        if self.breaker_open:
-            return
-        self._closed.clear()
-        metrics.RETRIEVER_BREAKER_OPEN.set(1)
-        log.warning(
-            "retriever circuit breaker open: searches wait for the retriever",
-            extra={"reason": reason},
-        )
-        self._prober = asyncio.create_task(self._probe_until_ready())
+    async def _docs(self, query: str) -> Sequence[Any]:
+        return (await self.client.search([query], self.cfg.topk))[0]
 
-    async def _ready(self) -> bool:
-        """The retriever's /ready. Searches whose retries run out together (an outage) share
-        the probe in flight instead of sending one each."""
-        if self._ready_probe is None or self._ready_probe.done():
-            self._ready_probe = asyncio.ensure_future(self._probe_ready())
-        # shielded: one waiter cancelled (its rollout stopped) does not cancel the others' probe
-        return await asyncio.shield(self._ready_probe)
-
-    async def _probe_ready(self) -> bool:
-        try:
-            async with asyncio.timeout(self.cfg.timeout_s):
-                return await self.client.ready()
-        except Exception:
-            return False
-
-    async def _probe_until_ready(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.breaker_probe_s)
-            if await self._ready():
-                break
-        self._failures_in_a_row = 0
-        self._down = False
-        self._closed.set()
-        metrics.RETRIEVER_BREAKER_OPEN.set(0)
-        log.info("retriever circuit breaker closed: the retriever answers again")
-
-    async def _wait_closed(self, deadline: float) -> bool:
-        """Wait for the breaker to close until `deadline` (monotonic); False if it did not."""
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._closed.wait()
-            return True
-        except TimeoutError:
-            return False
-
-    async def _attempts(self, query: str, outcome: SearchOutcome) -> Exception | None:
-        """One search with its retries; the error that exhausted them, or None."""
-
-        def before_sleep(state: RetryCallState) -> None:
-            metrics.SEARCH_RETRIES.inc()
-
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_is_retryable),
-                stop=stop_after_attempt(self.cfg.max_attempts),
-                wait=wait_exponential_jitter(
-                    multiplier=self.cfg.backoff_initial_s,
-                    max=self.cfg.backoff_max_s,
-                    jitter=self.cfg.backoff_initial_s,
-                ),
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
-                with attempt:
-                    outcome.attempts += 1
-                    async with self._sem:
-                        async with asyncio.timeout(self.cfg.timeout_s):
-                            result = await self.client.search([query], self.cfg.topk)
-                    outcome.docs = result[0]
-        except Exception as e:
-            return e
-        return None
+    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        """One attempt (the runner retries): the documents as the Search-R1 format renders
+        them."""
+        docs = await self._docs(str(arguments["query"]))
+        return ToolResult(format_docs(docs), [str(d.id) for d in docs])
 
     async def search(self, query: str) -> SearchOutcome:
-        start = time.perf_counter()
-        outcome = SearchOutcome()
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None  # set when this search first waits for the breaker
-        error: Exception | None = None
-        while True:
-            if self.breaker_open:
-                deadline = deadline or loop.time() + self.cfg.breaker_max_wait_s
-                if not await self._wait_closed(deadline):
-                    outcome.docs = []
-                    outcome.error = f"retriever down for more than {self.cfg.breaker_max_wait_s}s"
-                    if error is not None:
-                        outcome.error += f" ({self._describe(error)})"
-                    metrics.SEARCH_FAILURES.labels("CircuitOpen").inc()
-                    break
-            error = await self._attempts(query, outcome)
-            if error is None:
-                self._outage_logged = False
-                self._record(failed=False)
-                break
-            if not _is_retryable(error):  # a bad request (4xx) is the query's fault
-                self._fail(outcome, error)
-                break
-            # Exhausted retries: an outage if /ready fails too. Then this search waits for
-            # the retriever like a new one instead of becoming a failure observation.
-            down = self._down or not await self._ready()
-            if down:
-                self._open("a search's retries ran out and /ready fails", down=True)
-            self._record(failed=True)
-            if not down or (deadline is not None and loop.time() >= deadline):
-                self._fail(outcome, error)
-                break
-            metrics.SEARCH_RETRIES.inc()
-        outcome.latency_s = time.perf_counter() - start
-        metrics.SEARCH_LATENCY.observe(outcome.latency_s)
-        return outcome
-
-    def _describe(self, e: Exception) -> str:
-        if isinstance(e, TimeoutError):
-            return f"timed out after {self.cfg.timeout_s}s"
-        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-    def _fail(self, outcome: SearchOutcome, e: Exception) -> None:
-        outcome.docs = []
-        outcome.error = self._describe(e)
-        metrics.SEARCH_FAILURES.labels(type(e).__name__).inc()
-        if not self._outage_logged:  # once per outage, not once per sample
-            self._outage_logged = True
-            log.warning(
-                "search failed after retries",
-                extra={"attempts": outcome.attempts, "error": outcome.error},
-            )
+        """A search under the runner's guarantees; never raises for the retriever's trouble."""
+        out = await self.runner.run(lambda: self._docs(query))
+        return SearchOutcome(
+            docs=out.value or [], attempts=out.attempts, latency_s=out.latency_s, error=out.error
+        )

@@ -27,6 +27,8 @@ from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
 from orchestrator.server import LoopState, create_app
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.toolbox import Toolbox
 from retriever.client import RetrieverClient
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
@@ -40,8 +42,11 @@ class Clients:
     engine: InferenceClient | EnginePool
     retriever: RetrieverClient
     bus: TrajectoryBus
+    tools: Toolbox | None = None  # built by connect_rollout (MCP servers' connections)
 
     async def aclose(self) -> None:
+        if self.tools is not None:
+            await self.tools.aclose()
         for c in (self.engine, self.retriever):
             with contextlib.suppress(Exception):
                 await c.aclose()
@@ -128,10 +133,13 @@ async def connect_rollout(
     )
     # Token ids the model cannot embed never reach the engine (one crashes a whole SGLang).
     clients.engine.vocab_size = vocab_size
+    if clients.tools is None:  # rollout.tools, built once: MCP servers asked for their tools
+        search = SearchTool(clients.retriever, cfg.search)
+        clients.tools = await build_toolbox(cfg.rollout.tools, search)
     rollout = Rollout(
         cfg.rollout,
         clients.engine,
-        SearchTool(clients.retriever, cfg.search),
+        clients.tools,
         tokenizer,
         engine_retry_s=cfg.engine_retry_s,
         greedy=greedy,
@@ -162,7 +170,7 @@ async def build_orchestrator(
         greedy = Rollout(
             cfg.rollout,
             clients.engine,
-            rollout.search_tool,
+            rollout.tools,
             rollout.tokenizer,
             engine_retry_s=cfg.engine_retry_s,
             greedy=True,
