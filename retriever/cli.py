@@ -91,6 +91,7 @@ def serve(
         Path | None, typer.Option(help="Index directory (overrides retriever.index_dir).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port (overrides http.port).")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen host (overrides http.host).")] = None,
     grpc_port: Annotated[
         int | None, typer.Option(help="gRPC port (overrides grpc_port; -1 disables).")
     ] = None,
@@ -105,6 +106,8 @@ def serve(
         rcfg.backend = "web"
     if port is not None:
         rcfg.http.port = port
+    if host is not None:
+        rcfg.http.host = host
     if grpc_port is not None:
         rcfg.grpc_port = None if grpc_port < 0 else grpc_port
     if rcfg.backend == "index" and not rcfg.index_dir:

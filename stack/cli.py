@@ -165,7 +165,13 @@ def local(
 
 
 def main() -> None:
-    app()
+    from searchr1.service import InsecureListener
+
+    try:
+        app()
+    except InsecureListener as e:  # a refused configuration, not a crash: no traceback
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
