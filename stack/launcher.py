@@ -21,8 +21,16 @@ import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from searchr1.redis_server import RedisServer
 from searchr1.supervisor import ChildFailed, ServiceSpec, Supervisor
@@ -86,26 +94,60 @@ class StackStatus:
     """What the progress view shows, scraped from the services' /metrics."""
 
     values: dict[str, float] = field(default_factory=dict)
-    unreadable: set[str] = field(default_factory=set)
+    unreadable: set[str] = field(default_factory=set)  # warned about, once
+    failing: set[str] = field(default_factory=set)  # its last scrape failed
 
-    def scrape(self, client: httpx.Client, urls: dict[str, str]) -> None:
+    def scrape(
+        self,
+        client: httpx.Client,
+        urls: dict[str, str],
+        running: Callable[[str], bool] = lambda _: True,
+    ) -> None:
+        """`running(name)`: whether that service still runs; one that has finished (a clean
+        end of the run) is not scraped. A failed scrape warns only when the next one fails
+        too: a service shutting down at the end of a run closes its port before it exits."""
         for name, url in urls.items():
+            if not running(name):
+                continue
             try:
                 resp = client.get(url)
                 if resp.status_code != 200:
                     continue  # e.g. SGLang without --enable-metrics: its 404 is no metric text
                 families = list(text_string_to_metric_families(resp.text))
             except (httpx.HTTPError, ValueError) as e:
-                if name not in self.unreadable:  # the view just lacks that service's numbers
+                if name in self.failing and name not in self.unreadable and running(name):
+                    # The view just lacks that service's numbers: said once.
                     self.unreadable.add(name)
                     log.warning("metrics unreadable", extra={"service": name, "error": str(e)})
+                self.failing.add(name)
                 continue
+            self.failing.discard(name)
             for family in families:
                 for sample in family.samples:
                     key = sample.name
                     if sample.labels.get("name"):
                         key += f"[{sample.labels['name']}]"
                     self.values[key] = sample.value
+
+
+class StepsColumn(ProgressColumn):
+    """Steps done, and of how many when that is known: `11/200`, or `11` (not `11/None`)."""
+
+    def render(self, task: Task) -> Text:
+        done = f"{task.completed:.0f}"
+        return Text(done if task.total is None else f"{done}/{task.total:.0f}")
+
+
+def _is_running(sup: Supervisor) -> Callable[[str], bool]:
+    children = {c.spec.name: c for c in sup.children}
+
+    def running(name: str) -> bool:
+        child = children[name]
+        return child.status in ("starting", "ready") and (
+            child.proc is not None and child.proc.poll() is None
+        )
+
+    return running
 
 
 def _render(sup: Supervisor, status: StackStatus, progress: Progress, task: int) -> Group:
@@ -145,20 +187,21 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
         if c.spec.ready_url
     }
     progress = Progress(
-        TextColumn("training"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total}"),
+        TextColumn("training"), BarColumn(), StepsColumn(),
         TimeElapsedColumn(),
     )  # fmt: skip
     task = progress.add_task("train", total=max_steps)
     status = StackStatus()
     try:
         sup.start()
+        running = _is_running(sup)
         with httpx.Client(timeout=1.0) as client, Live(refresh_per_second=2) as live:
             last_scrape = 0.0
 
             def tick() -> None:
                 nonlocal last_scrape
                 if time.monotonic() - last_scrape > 1.0:
-                    status.scrape(client, metrics_urls)
+                    status.scrape(client, metrics_urls, running)
                     last_scrape = time.monotonic()
                 live.update(_render(sup, status, progress, task))
 
