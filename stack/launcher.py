@@ -11,7 +11,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -170,6 +171,25 @@ def _render(sup: Supervisor, status: StackStatus, progress: Progress, task: int)
     return Group(table, progress, summary)
 
 
+@contextmanager
+def logs_above(stderr: object) -> Iterator[None]:
+    """Inside a `Live` started when `sys.stderr` was `stderr`: log lines go above the live
+    view, each on its own line. The log handlers hold that real stderr, so they used to write
+    into the view's last line; Live's redirect (a terminal only) prints through its console."""
+    proxy = sys.stderr
+    handlers = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and h.stream is stderr and proxy is not stderr
+    ]
+    old = [h.setStream(proxy) for h in handlers]
+    try:
+        yield
+    finally:
+        for h, stream in zip(handlers, old, strict=True):
+            h.setStream(stream)
+
+
 def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = None) -> None:
     """Start Redis (embedded unless configured) and the services; supervise until done."""
     redis: RedisServer | None = None
@@ -195,7 +215,12 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
     try:
         sup.start()
         running = _is_running(sup)
-        with httpx.Client(timeout=1.0) as client, Live(refresh_per_second=2) as live:
+        stderr = sys.stderr
+        with (
+            httpx.Client(timeout=1.0) as client,
+            Live(refresh_per_second=2) as live,
+            logs_above(stderr),
+        ):
             last_scrape = 0.0
 
             def tick() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import httpx
 import pytest
@@ -44,3 +45,30 @@ def test_a_running_service_that_stays_unreadable_is_warned_about_once(
         for _ in range(3):
             scrape(status, closed, running=True)
     assert caplog.text.count("metrics unreadable") == 1 and status.unreadable == {"trainer"}
+
+
+def test_a_log_line_during_the_live_view_gets_a_line_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import sys
+
+    from rich.live import Live
+
+    from stack.launcher import logs_above
+
+    screen = io.StringIO()  # stdout and stderr on one terminal, as a user sees them
+    monkeypatch.setattr(sys, "stderr", screen)
+    handler = logging.StreamHandler(sys.stderr)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    console = Console(file=screen, force_terminal=True, width=40)
+    stderr = sys.stderr
+    with Live("training 11/200", console=console, auto_refresh=False) as live, logs_above(stderr):
+        live.refresh()
+        logging.getLogger("stack.launcher").warning("trainer finished")
+    assert handler.stream is screen  # restored
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # colours, cursor moves
+    lines = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
+    assert any(line.strip().endswith("trainer finished") and "11/200" not in line for line in lines)
+    assert not any("11/200" in line and "trainer finished" in line for line in lines)
