@@ -18,13 +18,18 @@ import numpy as np
 
 from retriever.backends.bm25 import Bm25Index
 from retriever.config import BuildConfig
-from retriever.corpus import CorpusStore
+from retriever.corpus import CorpusStore, decompress_to, is_gzip
 from retriever.encoder import DEFAULT_ENCODER, Encoder, EncoderSpec, resolve_model_path
 from retriever.manifest import DenseManifest, Manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
 _CHUNK_ROWS = 8192
+# An imported index is checked by re-encoding this many rows (spread over the corpus): each
+# must come out at this cosine or above. The same settings give ~1 (float noise, fp16 on GPU);
+# a wrong pooling or passage prefix gives clearly less.
+_VERIFY_ROWS = 8
+_VERIFY_MIN_COSINE = 0.99
 
 
 def _new_faiss_index(cfg: BuildConfig, dim: int, rows: int):  # type: ignore[no-untyped-def]
@@ -108,7 +113,12 @@ def build_index(
     if not corpus_jsonl.is_file():
         raise ValueError(f"corpus file not found: {corpus_jsonl}")
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.copy_corpus and cfg.faiss_index is None:
+    if is_gzip(corpus_jsonl):
+        # Served by byte offset (memory-mapped): a gzip stream must be decompressed, here.
+        log.info("decompressing the gzip corpus", extra={"corpus": str(corpus_jsonl)})
+        decompress_to(corpus_jsonl, out / "corpus.jsonl")
+        corpus_path = "corpus.jsonl"
+    elif cfg.copy_corpus and cfg.faiss_index is None:
         shutil.copyfile(corpus_jsonl, out / "corpus.jsonl")
         corpus_path = "corpus.jsonl"
     else:
@@ -159,6 +169,7 @@ def _build_dense(corpus: CorpusStore, cfg: BuildConfig, out: Path) -> DenseManif
         dim = int(AutoConfig.from_pretrained(resolve_model_path(spec.model_path)).hidden_size)
         index_file = str(Path(cfg.faiss_index).resolve())
         index_type, metric = _import_faiss(Path(index_file), len(corpus), dim)
+        verify_encoder(Path(index_file), corpus, Encoder(spec, device=cfg.device))
         params: dict = {"imported": index_file}
     else:
         encoder = Encoder(spec, device=cfg.device)
@@ -175,3 +186,72 @@ def _build_dense(corpus: CorpusStore, cfg: BuildConfig, out: Path) -> DenseManif
         metric=metric,  # type: ignore[arg-type]
         build_params=params,
     )
+
+
+def verify_encoder(index_path: Path, corpus: CorpusStore, encoder: Encoder) -> None:
+    """Re-encode a sample of rows and compare with the index's own vectors: an encoder set up
+    differently from the one that built the index (pooling, passage prefix, normalisation)
+    would serve plausible but wrong hits, so it is refused, naming the setting. The query
+    prefix cannot be checked here (the index holds passages only)."""
+    import faiss
+
+    raw = faiss.read_index(str(index_path))
+    index = faiss.downcast_index(raw)
+    if isinstance(index, faiss.IndexIVF):
+        index.make_direct_map()  # IVF lists are not addressable by row without it
+    n = len(corpus)
+    ids = sorted({int(i) for i in np.linspace(0, n - 1, min(_VERIFY_ROWS, n))})
+    try:
+        stored = np.stack([index.reconstruct(i) for i in ids]).astype(np.float32)
+    except RuntimeError as e:  # an index type that keeps no vectors (e.g. PQ codes only)
+        log.warning("cannot read vectors back to check the encoder", extra={"error": str(e)})
+        return
+    texts = [corpus.row(i)["contents"] for i in ids]
+    spec = encoder.spec
+    worst = _min_cosine(stored, encoder.encode(texts, is_query=False))
+    if worst >= _VERIFY_MIN_COSINE:
+        _check_norms(index_path, stored, spec.normalize)
+        return
+    for setting, variant in _variants(spec):
+        if _min_cosine(stored, encoder.with_spec(variant).encode(texts, is_query=False)) >= (
+            _VERIFY_MIN_COSINE
+        ):
+            given, fits = getattr(spec, setting), getattr(variant, setting)
+            raise ValueError(
+                f"{index_path}: the encoder's vectors do not match the index (cosine "
+                f"{worst:.3f} on {len(ids)} sampled rows) with {setting}={given!r}; with "
+                f"{setting}={fits!r} they do: build with --{setting.replace('_', '-')} {fits!r}"
+            )
+    raise ValueError(
+        f"{index_path}: the encoder's vectors do not match the index (cosine {worst:.3f} on "
+        f"{len(ids)} sampled rows, {_VERIFY_MIN_COSINE} needed): check the encoder "
+        f"({spec.model_path}), pooling={spec.pooling!r}, passage_prefix={spec.passage_prefix!r} "
+        f"and max_length={spec.max_length}"
+    )
+
+
+def _variants(spec: EncoderSpec) -> list[tuple[str, EncoderSpec]]:
+    """Each a one-setting change of `spec`: the usual mistakes."""
+    from dataclasses import replace
+
+    other_pooling = "cls" if spec.pooling == "mean" else "mean"
+    other_prefix = "" if spec.passage_prefix else "passage: "
+    return [
+        ("pooling", replace(spec, pooling=other_pooling)),
+        ("passage_prefix", replace(spec, passage_prefix=other_prefix)),
+    ]
+
+
+def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na = np.linalg.norm(a, axis=1)
+    nb = np.linalg.norm(b, axis=1)
+    return float(np.min((a * b).sum(axis=1) / np.maximum(na * nb, 1e-12)))
+
+
+def _check_norms(index_path: Path, stored: np.ndarray, normalize: bool) -> None:
+    unit = bool(np.allclose(np.linalg.norm(stored, axis=1), 1.0, atol=1e-2))
+    if unit != normalize:
+        raise ValueError(
+            f"{index_path}: the index's vectors are {'' if unit else 'not '}unit-length but "
+            f"the encoder has normalize={normalize}: set normalize={not normalize}"
+        )

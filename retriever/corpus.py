@@ -4,12 +4,18 @@ Row i of the index is the i-th non-empty line of the JSONL (the reference server
 The serving process never reads the whole corpus into memory: the file is memory-mapped and a
 `corpus.spans.npy` array ((start, end) byte offsets per row) locates each line, so start-up takes
 seconds even for the 13 GB wiki-18 dump and the OS page cache holds only the rows served.
+
+Search-R1 ships the corpus gzipped (`wiki-18.jsonl.gz`). A gzip stream has no random access,
+so the build decompresses it into the index directory (`decompress_to`) and serves that copy;
+`iter_jsonl` streams either form.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import mmap
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +23,40 @@ from typing import Any
 import numpy as np
 
 _CHUNK = 64 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    """By content, not by name: a `.jsonl` that is really gzip is read right too."""
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def decompress_to(path: Path, dest: Path) -> Path:
+    """Stream the gzip corpus `path` into `dest` (plain JSONL); returns `dest`."""
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        with gzip.open(path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; EOF: truncated
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"{path}: cannot decompress the gzip corpus: {e}") from None
+    tmp.replace(dest)
+    return dest
+
+
+def _refuse_gzip(path: Path) -> None:
+    if is_gzip(path):
+        raise ValueError(
+            f"{path} is gzip-compressed: rows are read by byte offset, which a gzip stream "
+            "does not allow. `searchr1 retriever build` decompresses it into the index "
+            "directory; or gunzip it first"
+        )
 
 
 def scan_spans(path: Path) -> np.ndarray:
     """(start, end) byte offsets of every non-blank line, as an (n, 2) uint64 array."""
+    _refuse_gzip(path)
     ends: list[np.ndarray] = []
     pos = 0
     with open(path, "rb") as f:
@@ -53,6 +89,7 @@ class CorpusStore:
     def open(cls, path: Path, spans_path: Path | None = None) -> CorpusStore:
         """Open a corpus, using (or writing) its spans file; without one, scan the file."""
         path = Path(path)
+        _refuse_gzip(path)
         if spans_path is not None and spans_path.exists():
             spans = np.load(spans_path, mmap_mode="r")
         else:
@@ -90,8 +127,9 @@ class CorpusStore:
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Stream a corpus JSONL (non-empty lines), validating the Search-R1 row shape."""
-    with open(path, encoding="utf-8") as f:
+    """Stream a corpus JSONL, plain or gzip (non-empty lines), validating the row shape."""
+    opener = gzip.open if is_gzip(path) else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -7,6 +7,7 @@ index manifest so queries are always encoded exactly as the passages were.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,6 +79,14 @@ class Encoder:
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         self.model = AutoModel.from_pretrained(path, dtype=dtype).to(self.device).eval()
         self.dim = int(self.model.config.hidden_size)
+
+    def with_spec(self, spec: EncoderSpec) -> Encoder:
+        """This encoder's model (not loaded again) under other prefixes, pooling or length."""
+        if spec.model_path != self.spec.model_path:
+            raise ValueError("with_spec keeps the model: the model_path must be the same")
+        other = copy.copy(self)
+        other.spec = spec
+        return other
 
     def encode(
         self,
