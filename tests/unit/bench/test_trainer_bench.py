@@ -15,10 +15,12 @@ from searchr1.redis_server import free_port
 
 @pytest.fixture
 def leftover_group() -> Iterator[None]:
-    """A one-rank gloo group, as the Megatron backend leaves it after its bench part."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
+    """A one-rank gloo group, as the Megatron backend leaves it after its bench part (one an
+    earlier in-process test left up serves as well)."""
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
