@@ -110,6 +110,18 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+# Every op passed to the Redis retry policy (tests check the list is complete).
+REDIS_OPS = (
+    "partition_claim",
+    "partition_done",
+    "partition_finish",
+    "partition_forget",
+    "partition_left",
+    "partition_renew",
+    "partition_seed",
+)
+
+
 class StepClaims:
     """This process's share of each step's prompt groups (see the module docstring)."""
 
@@ -127,6 +139,7 @@ class StepClaims:
         self.prefix = f"{prefix}:partition"
         self.cfg = cfg
         self.retry = retry
+        self.retry.declare(REDIS_OPS)  # their retry counters exported at 0 from start-up
         self.worker = cfg.worker_id or default_worker_id()
         self.max_groups = max_groups  # groups this process runs at once, over all steps
         self._held = 0  # groups this process runs now, over the steps in flight

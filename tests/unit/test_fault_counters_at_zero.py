@@ -113,3 +113,14 @@ def test_redis_retries_of_the_lease_and_the_run_markers() -> None:
     assert _ops_called("orchestrator/markers.py") == set(REDIS_OPS)
     for op in REDIS_OPS:
         assert exported("searchr1_redis_retries_total", component="orchestrator", op=op) == 0.0
+
+
+def test_redis_retries_of_the_step_claims() -> None:
+    from orchestrator.config import PartitionConfig
+    from orchestrator.partition import REDIS_OPS, StepClaims
+    from searchr1.redis_retry import RedisRetry
+
+    StepClaims(_FakeRedis(), "p", PartitionConfig(), RedisRetry("orchestrator", 5.0), max_groups=1)
+    assert _ops_called("orchestrator/partition.py") == set(REDIS_OPS)
+    for op in REDIS_OPS:
+        assert exported("searchr1_redis_retries_total", component="orchestrator", op=op) == 0.0
