@@ -4,9 +4,9 @@ All functions score the *response* only (what the policy generated plus the obse
 orchestrator appended), never the prompt, which holds the `<answer> Beijing </answer>` example.
 This differs from the references: slime's search-r1 `qa_em_format.py` (adapted from
 Search-R1's) scores prompt + response and takes the last `<answer>` match, `None` only when
-there is none at all, so a
-response without an answer yields the prompt's "Beijing" (EM 1 on a question whose gold is
-Beijing, and `has_answer` everywhere). With an answer in the response both pick the same one.
+there is none at all, so a response without an answer yields the prompt's "Beijing" (EM 1
+on a question whose gold is Beijing, and `has_answer` everywhere). With an answer in the
+response both pick the same one.
 `tests/unit/orchestrator/test_rewards.py` shows both behaviours side by side.
 """
 
