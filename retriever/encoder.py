@@ -201,8 +201,11 @@ def _encoder_main(spec: EncoderSpec, device: str, torch_threads: int, conn: Any)
 
     import torch
 
-    # Ctrl-C reaches the whole process group; the parent decides when this child stops.
+    # Ctrl-C and a supervisor's SIGTERM reach the whole process group; the parent decides when
+    # this child stops (at its shutdown; EOF if it died). Killed by SIGTERM, the child left its
+    # semaphores (tqdm's lock) for the resource tracker to report as leaked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(torch_threads)
     try:
         enc = Encoder(spec, device=device)
