@@ -20,7 +20,7 @@ from typing import TypeVar
 import httpx
 import typer
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import (
     BarColumn,
@@ -190,6 +190,21 @@ def logs_above(stderr: object) -> Iterator[None]:
             h.setStream(stream)
 
 
+@contextmanager
+def live_view(console: Console | None = None) -> Iterator[Live]:
+    """A `Live` view whose output never shares a line with the log: log lines go above it
+    (`logs_above`), and its last line is ended when it stops (on a file or pipe Live leaves
+    it open, and the next log line used to continue it)."""
+    stderr = sys.stderr
+    live = Live(console=console, refresh_per_second=2)
+    try:
+        with live, logs_above(stderr):
+            yield live
+    finally:
+        if not live.console.is_terminal:
+            live.console.line()
+
+
 def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = None) -> None:
     """Start Redis (embedded unless configured) and the services; supervise until done."""
     redis: RedisServer | None = None
@@ -215,12 +230,7 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
     try:
         sup.start()
         running = _is_running(sup)
-        stderr = sys.stderr
-        with (
-            httpx.Client(timeout=1.0) as client,
-            Live(refresh_per_second=2) as live,
-            logs_above(stderr),
-        ):
+        with httpx.Client(timeout=1.0) as client, live_view() as live:
             last_scrape = 0.0
 
             def tick() -> None:

@@ -53,9 +53,7 @@ def test_a_log_line_during_the_live_view_gets_a_line_of_its_own(
     import io
     import sys
 
-    from rich.live import Live
-
-    from stack.launcher import logs_above
+    from stack.launcher import live_view
 
     screen = io.StringIO()  # stdout and stderr on one terminal, as a user sees them
     monkeypatch.setattr(sys, "stderr", screen)
@@ -63,12 +61,23 @@ def test_a_log_line_during_the_live_view_gets_a_line_of_its_own(
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [handler])
     console = Console(file=screen, force_terminal=True, width=40)
-    stderr = sys.stderr
-    with Live("training 11/200", console=console, auto_refresh=False) as live, logs_above(stderr):
-        live.refresh()
+    with live_view(console) as live:
+        live.update("training 11/200", refresh=True)
         logging.getLogger("stack.launcher").warning("trainer finished")
     assert handler.stream is screen  # restored
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # colours, cursor moves
     lines = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
     assert any(line.strip().endswith("trainer finished") and "11/200" not in line for line in lines)
     assert not any("11/200" in line and "trainer finished" in line for line in lines)
+
+
+def test_on_a_pipe_the_live_views_last_line_is_ended() -> None:
+    import io
+
+    from stack.launcher import live_view
+
+    screen = io.StringIO()  # `searchr1 demo > log`: no terminal
+    with live_view(Console(file=screen, width=40)) as live:
+        live.update("training 11/200", refresh=True)
+    screen.write("next log line\n")
+    assert screen.getvalue().endswith("training 11/200\nnext log line\n")
