@@ -1,9 +1,11 @@
 """Hostile input that is not JSON at all: `{"topk": NaN}` / `Infinity` (Python's JSON parser,
 which Starlette uses, accepts them). The 422 handler used to echo the non-finite value, the
 answer's JSON rendering failed and the client got a 500; now a 422 naming the field, fixed once
-in `searchr1.service` for every service (the retriever's real app here)."""
+in `searchr1.service` for every service (the retriever's and the engine's real apps here)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import httpx
 import pytest
@@ -65,3 +67,21 @@ async def test_any_service_echoes_non_finite_input_as_text(value: str) -> None:
     error = resp.json()["error"]
     assert error.startswith("n: ") and "x.1: " in error
     assert resp.json()["detail"][0]["input"] in ("NaN", "Infinity", "-Infinity")
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+async def test_the_engine_answers_a_non_finite_token_id_with_422(
+    value: str, tiny_model_dir: Path
+) -> None:
+    from inference.config import TorchEngineConfig
+    from inference.engine import TorchEngine
+    from inference.server import create_app as create_engine_app
+
+    engine = TorchEngine(tiny_model_dir, TorchEngineConfig())
+    try:
+        body = f'{{"input_ids": [1, {value}], "sampling_params": {{"max_new_tokens": 1}}}}'
+        resp = await post_raw(create_engine_app(engine), "/generate", body)
+    finally:
+        engine.shutdown()
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"].startswith("input_ids.1: ")
