@@ -36,12 +36,10 @@ class CallOutcome:
     latency_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        """For the turn record and the rollout log."""
+        """For the turn record (the result itself is in the response, as the policy read it)."""
         d: dict[str, Any] = {"name": self.name, "arguments": self.arguments}
         if self.error:
             d["error"] = self.error
-        else:
-            d["result"] = self.text
         return d
 
 
@@ -135,5 +133,5 @@ def entry(tool: Tool, limits: Limits, failure_observation: str = DEFAULT_FAILURE
 
 
 def describe_calls(outcomes: list[CallOutcome]) -> str:
-    """The calls of one turn as compact JSON (the turn record's `query`)."""
+    """The calls of one turn as JSON (the turn record's `query`): name, arguments, error."""
     return json.dumps([o.as_dict() for o in outcomes], ensure_ascii=False)

@@ -4,7 +4,8 @@ tool-interface refactor (issue 30).
 The digests below were recorded from the code before `orchestrator/tools/` existed, with the
 scripted engine of the rollout tests: prompt ids, response ids, loss mask, logprobs, response
 text, the turn records and every engine call's input ids and sampling arguments. A change to any
-of them is a change of the Search-R1 protocol, not a refactor.
+of them is a change of the Search-R1 protocol, not a refactor. The Rollout built from a bare
+`SearchTool` (as before) and from the default `rollout.tools` (as the service wires it) agree.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, new_group
 from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.registry import build_toolbox
 from orchestrator.trajectory import to_trajectory
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2, FakeRetriever
@@ -81,12 +83,14 @@ def trainer_view(s: Sample, engine: ScriptedEngine) -> dict[str, Any]:
     }
 
 
-async def run_scenario(tokenizer: Any, name: str) -> dict[str, Any]:
+async def run_scenario(tokenizer: Any, name: str, *, toolbox: bool = False) -> dict[str, Any]:
     turns, cfg, search_cfg, kind = SCENARIOS[name]
     engine = ScriptedEngine(tokenizer, turns)
     client = FakeRetriever() if kind == "fake" else Flaky(10**9)
     tool = SearchTool(client, SearchConfig(**search_cfg))  # type: ignore[arg-type]
-    rollout = Rollout(RolloutConfig(**cfg), engine, tool, rust_tokenizer(tokenizer))
+    rcfg = RolloutConfig(**cfg)
+    tools = await build_toolbox(rcfg.tools, tool) if toolbox else tool
+    rollout = Rollout(rcfg, engine, tools, rust_tokenizer(tokenizer))
     ids = prompt_token_ids(tokenizer, PROMPT.messages)
     [s] = new_group(PROMPT, ids, group_size=1, rollout_step=3, run_id="r")
     await rollout.run_sample(s)
@@ -100,4 +104,11 @@ def digest(view: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_searchr1_rollout_is_unchanged(tokenizer, name: str) -> None:  # type: ignore[no-untyped-def]
     view = await run_scenario(tokenizer, name)
+    assert digest(view) == DIGESTS[name], json.dumps(view)[:2000]
+
+
+@pytest.mark.parametrize("name", ["search_then_answer", "search_failure"])
+async def test_the_service_wiring_gives_the_same(tokenizer, name: str) -> None:  # type: ignore[no-untyped-def]
+    """As orchestrator.wiring builds it: the toolbox of the default `rollout.tools`."""
+    view = await run_scenario(tokenizer, name, toolbox=True)
     assert digest(view) == DIGESTS[name], json.dumps(view)[:2000]
