@@ -8,6 +8,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from orchestrator import metrics as legacy
 
+OUTCOMES = ("ok", "failed", "malformed", "unknown")
+UNKNOWN = "<unknown>"  # the tool label of calls to a name no tool has (or none could be read)
 TOOL_CALLS = Counter(
     "searchr1_tool_calls_total",
     "Tool calls by outcome: ok | failed (after retries, or the tool's own error) | "
@@ -29,12 +31,8 @@ TOOL_FAILURES = Counter(
 TOOL_BREAKER_OPEN = Gauge(
     "searchr1_tool_circuit_open", "1 while a tool's circuit breaker is open", ["tool"]
 )
-TOOL_CALL_ERRORS = Counter(
-    "searchr1_tool_call_errors_total",
-    "Tool calls the policy got wrong (answered with an error observation), by reason: "
-    "malformed (unparsable), bad_arguments (fail the tool's schema), unknown_tool",
-    ["format", "reason"],
-)
+for _outcome in ("malformed", "unknown"):
+    TOOL_CALLS.labels(UNKNOWN, _outcome)
 
 
 class RunnerMetrics:
@@ -42,6 +40,13 @@ class RunnerMetrics:
 
     def __init__(self, tool: str) -> None:
         self.tool = tool
+        # Exported at 0 from start-up: a panel over rate(...) shows 0, not "No data".
+        for outcome in OUTCOMES:
+            TOOL_CALLS.labels(tool, outcome)
+        for error in ("CircuitOpen", "TimeoutError"):
+            TOOL_FAILURES.labels(tool, error)
+        TOOL_RETRIES.labels(tool)
+        TOOL_BREAKER_OPEN.labels(tool)
 
     def retry(self) -> None:
         TOOL_RETRIES.labels(self.tool).inc()

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.tools.base import Tool, ToolError, ToolResult, function_schema, validate_arguments
-from orchestrator.tools.metrics import TOOL_CALLS, RunnerMetrics
+from orchestrator.tools.metrics import TOOL_CALLS, UNKNOWN, RunnerMetrics
 from orchestrator.tools.runner import Limits, ToolRunner
 
 log = logging.getLogger(__name__)
 DEFAULT_FAILURE = "Tool {name} failed: {error}"
-UNKNOWN = "<unknown>"  # the metrics' tool label of calls to a name no tool has
 
 
 @dataclass

@@ -268,3 +268,26 @@ def test_rollout_config_tools() -> None:
         RolloutConfig(tools=["calculator", "calculator"], action_format="function_calling")
     with pytest.raises(ValidationError, match="exactly one of command"):
         ToolConfig(name="m", mcp={})
+
+
+def test_a_tools_fault_counters_are_exported_at_zero_from_start_up() -> None:
+    from prometheus_client import REGISTRY
+
+    Toolbox.of(Echo())  # a runner for "echo"; no call yet
+    for outcome in ("ok", "failed", "malformed", "unknown"):
+        value = REGISTRY.get_sample_value(
+            "searchr1_tool_calls_total", {"tool": "echo", "outcome": outcome}
+        )
+        assert value is not None
+    assert (
+        REGISTRY.get_sample_value(
+            "searchr1_tool_failures_total", {"tool": "echo", "error": "TimeoutError"}
+        )
+        is not None
+    )
+    assert (
+        REGISTRY.get_sample_value(
+            "searchr1_tool_calls_total", {"tool": UNKNOWN, "outcome": "malformed"}
+        )
+        is not None
+    )
