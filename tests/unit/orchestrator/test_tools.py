@@ -7,9 +7,10 @@ import asyncio
 import socket
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from orchestrator.config import RolloutConfig, SearchConfig, ToolConfig
+from orchestrator.config import OrchestratorConfig, RolloutConfig, SearchConfig, ToolConfig
 from orchestrator.hooks import HookError
 from orchestrator.search import SearchTool
 from orchestrator.tools.base import ToolError
@@ -19,6 +20,8 @@ from orchestrator.tools.python_exec import PythonTool, network_isolation
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.runner import Limits
 from orchestrator.tools.toolbox import UNKNOWN, Toolbox
+from orchestrator.wiring import Clients, connect_rollout
+from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import FakeRetriever
 from tests.unit.orchestrator.tool_examples import Echo, Flaky
 
@@ -271,8 +274,6 @@ def test_rollout_config_tools() -> None:
 
 
 def test_a_tools_fault_counters_are_exported_at_zero_from_start_up() -> None:
-    from prometheus_client import REGISTRY
-
     Toolbox.of(Echo())  # a runner for "echo"; no call yet
     for outcome in ("ok", "failed", "malformed", "unknown"):
         value = REGISTRY.get_sample_value(
@@ -291,3 +292,29 @@ def test_a_tools_fault_counters_are_exported_at_zero_from_start_up() -> None:
         )
         is not None
     )
+
+
+async def test_the_service_builds_rollout_tools_once_at_start_up(tokenizer, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    class Engine(ScriptedEngine):
+        async def get_model_info(self) -> dict[str, object]:
+            return {"weight_version": 0, "model_path": str(tiny_model_dir)}
+
+    cfg = OrchestratorConfig.model_validate(
+        {"rollout": {"tools": ["search", "calculator"], "action_format": "function_calling"}}
+    )
+    clients = Clients(Engine(tokenizer, ["x"]), FakeRetriever(), None)  # type: ignore[arg-type]
+    rollout, _ = await connect_rollout(cfg, clients)
+    assert rollout.tools is clients.tools and rollout.tools.names == ["search", "calculator"]
+    assert rollout.function_calling and rollout.stop == []
+    again, _ = await connect_rollout(cfg, clients, greedy=True)  # `searchr1 eval`, validation
+    assert again.tools is rollout.tools
+    bad = OrchestratorConfig.model_validate(
+        {
+            "rollout": {
+                "tools": [{"name": "x", "factory": f"{E}:no_args"}],
+                "action_format": "function_calling",
+            }
+        }
+    )
+    with pytest.raises(HookError, match=r"rollout\.tools\[0\] \(x\)\.factory"):
+        await connect_rollout(bad, Clients(Engine(tokenizer, ["x"]), FakeRetriever(), None))  # type: ignore[arg-type]
