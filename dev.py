@@ -201,8 +201,27 @@ def ensure_chromium() -> None:
             return
 
 
+def ensure_prometheus() -> None:
+    """Debian's prometheus (`prometheus` 2.42 and `promtool`) for the alert rules' promtool
+    tests (tests/unit/deploy/test_alerts.py) and the real-Prometheus test
+    (tests/integration/test_prometheus_stack.py): installed with apt when missing and running
+    as root (CI is). Without it those tests skip, saying why."""
+    if shutil.which("promtool") and shutil.which("prometheus"):
+        return
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
+        print("dev.py: no prometheus, the promtool tests will skip (apt-get install -y prometheus)")
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"]
+    for cmd in (["apt-get", "update", "-qq"], install):
+        if _run(cmd, env=env) != 0:
+            print("dev.py: installing prometheus failed; the promtool tests will skip", flush=True)
+            return
+
+
 def run_tests(args: list[str]) -> int:
     ensure_chromium()
+    ensure_prometheus()
     py = str(_bin("python"))
     env = _env()
     for cmd in (
@@ -221,6 +240,7 @@ def run_slow_tests(args: list[str]) -> int:
     """The `slow`-marked tests the default suite leaves out (multi-rank Megatron parity, the
     3-fault chaos run, three orchestrators with a kill, the fuzz run, demo-sized runs): CI runs
     them as their own step so `dev.py test` stays a few minutes."""
+    ensure_prometheus()
     env = _env()
     cmd = [str(_bin("python")), "-m", "pytest", "-m", "slow and not sglang", *args]
     rc = _run(cmd, cwd=ROOT, env=env)
