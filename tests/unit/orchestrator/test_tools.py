@@ -163,32 +163,38 @@ def test_calculator_refuses(expr: str, why: str) -> None:
 
 # --- python ------------------------------------------------------------------------------
 
+# The limits are tested with network isolation where the host allows namespaces (and without
+# it where not, e.g. a CI runner that forbids unprivileged user namespaces).
+ANY_NET = {"allow_network": True}
+
 
 async def test_python_runs_code_in_another_process() -> None:
-    out = await PythonTool().call({"code": "import os\nprint(6 * 7, os.getpid() != 1)"})
+    out = await PythonTool(**ANY_NET).call({"code": "import os\nprint(6 * 7, os.getpid() != 1)"})
     assert out.text == "42 True\n"
 
 
 async def test_python_wall_time_limit() -> None:
     with pytest.raises(ToolError, match=r"ran longer than 0\.5s"):
-        await PythonTool(timeout_s=0.5).call({"code": "import time\ntime.sleep(60)"})
+        await PythonTool(timeout_s=0.5, **ANY_NET).call({"code": "import time\ntime.sleep(60)"})
 
 
 async def test_python_cpu_time_limit_ends_a_busy_loop() -> None:
     # The wall limit far above the CPU limit: the kernel's RLIMIT_CPU ends the loop.
-    tool = PythonTool(timeout_s=120, cpu_time_s=1)
+    tool = PythonTool(timeout_s=120, cpu_time_s=1, **ANY_NET)
     with pytest.raises(ToolError, match="CPU time limit of 1s"):
         await tool.call({"code": "while True: pass"})
 
 
 async def test_python_memory_limit() -> None:
     with pytest.raises(ToolError, match="MemoryError"):
-        await PythonTool(memory_mb=128).call({"code": "x = bytearray(512 * 1024 * 1024)"})
+        await PythonTool(memory_mb=128, **ANY_NET).call(
+            {"code": "x = bytearray(512 * 1024 * 1024)"}
+        )
 
 
 async def test_python_error_is_the_calls_own() -> None:
     with pytest.raises(ToolError, match="ZeroDivisionError"):
-        await PythonTool().call({"code": "1 / 0"})
+        await PythonTool(**ANY_NET).call({"code": "1 / 0"})
 
 
 @pytest.mark.skipif(network_isolation() is None, reason="no network namespaces here")
