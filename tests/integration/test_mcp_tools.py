@@ -46,7 +46,8 @@ def calculator_command() -> list[str]:
 
 
 def stdio(**kw: Any) -> ToolConfig:
-    return ToolConfig.model_validate({"name": "test", "mcp": {"command": [*SERVER, "stdio"]}, **kw})
+    server = {"command": [*SERVER, "stdio"], "env": {"PYTHONPATH": str(ROOT)}}
+    return ToolConfig.model_validate({"name": "test", "mcp": server, **kw})
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -225,6 +226,8 @@ async def test_a_server_that_does_not_answer_fails_the_start() -> None:
     )
     with pytest.raises(ValueError, match="did not answer"):
         await build_toolbox([nowhere], None)
-    missing = stdio(mcp={"command": [*SERVER, "stdio"], "include": ["divide"]})
+    missing = stdio()
+    assert missing.mcp is not None
+    missing.mcp.include = ["divide"]
     with pytest.raises(ValueError, match=r"has no tool \['divide'\]"):
         await build_toolbox([missing], None)
