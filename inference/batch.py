@@ -10,6 +10,8 @@ sampled token: the next decode step feeds it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -17,6 +19,25 @@ import torch
 from inference.prefix_cache import KVRow
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [B, heads, L, dim]
+
+
+@functools.cache
+def _cache_arg(model_type: type) -> str:
+    """The name under which this model's forward takes its KV cache: `cache` since transformers
+    renamed it (passing `past_key_values` warns that it "will be removed in version 5.40.0"),
+    `past_key_values` on the 5.x releases before. Either way a `DynamicCache` is passed and
+    updated in place, and the K/V are read back from that object, not from the output."""
+    params = inspect.signature(model_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _forward(model: Any, cache: Any, **inputs: Any) -> Any:
+    """`model(**inputs)` on top of `cache` (a DynamicCache, grown in place), use_cache on."""
+    return model(**inputs, **{_cache_arg(type(model)): cache}, use_cache=True)
+
+
+def _layers(cache: Any) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _lpad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -72,16 +93,15 @@ def prefill(
         cache = DynamicCache(ddp_cache_data=layers, config=model.config)
     else:
         cache = DynamicCache(config=model.config)
-    out = model(
+    out = _forward(
+        model,
+        cache,
         input_ids=ids,
         attention_mask=(cols[None, :] >= start[:, None]).long(),
         position_ids=(cols[None, past:] - start[:, None]).clamp(min=0),
-        past_key_values=cache,
-        use_cache=True,
         logits_to_keep=1,
     )
-    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-    return out.logits[:, -1].float(), kv, starts, used
+    return out.logits[:, -1].float(), _layers(cache), starts, used
 
 
 class RunningBatch:
@@ -140,12 +160,13 @@ class RunningBatch:
         length = self.kv[0][0].shape[2]
         pad = torch.tensor(self.pad, device=self.device)
         cols = torch.arange(length + 1, device=self.device)
-        out = model(
+        cache = DynamicCache(ddp_cache_data=self.kv, config=model.config)
+        out = _forward(
+            model,
+            cache,
             input_ids=torch.tensor(last_tokens, device=self.device)[:, None],
             attention_mask=(cols[None, :] >= pad[:, None]).long(),
             position_ids=(length - pad)[:, None],
-            past_key_values=DynamicCache(ddp_cache_data=self.kv, config=model.config),
-            use_cache=True,
         )
-        self.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        self.kv = _layers(cache)
         return out.logits[:, -1].float()
