@@ -120,13 +120,19 @@ def bounds(
     return Bounds(decode_s + prefill_s, train_tokens / (trainers * trainer_tok_s) + push, push)
 
 
-def plan_split(
+# How loaded engines can run and still deliver a step within the trainer's step: continuous
+# batching fills them only while a step's slower samples are still running, so a split whose
+# engines would need full load leaves the trainer waiting on the rollout's tail. Measured at
+# capacity 0.49-0.64 in the async slime8 runs of docs/pipeline-bench.md (steps overlapping).
+ENGINE_LOAD = 0.6
+
+
+def split_bounds(
     shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float
-) -> tuple[int, int]:
-    """(engines, trainer GPUs) of `shape.gpus` minimising the ideal bound (one GPU per engine)."""
-    best: tuple[float, int] | None = None
-    for engines in range(1, shape.gpus):
-        b = bounds(
+) -> dict[int, Bounds]:
+    """The bounds of every split of `shape.gpus` (one GPU per engine), by engine count."""
+    return {
+        engines: bounds(
             shape.samples * work.generated,
             shape.samples * work.prefill * (1 - cost.prefix_hit),
             work.context,
@@ -136,10 +142,26 @@ def plan_split(
             cost,
             trainer_tok_s,
         )
-        if best is None or b.ideal_s < best[0]:
-            best = (b.ideal_s, engines)
-    assert best is not None
-    return best[1], shape.gpus - best[1]
+        for engines in range(1, shape.gpus)
+    }
+
+
+def plan_split(
+    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float
+) -> tuple[int, int]:
+    """(engines, trainer GPUs): the least step once engines run at ENGINE_LOAD of capacity.
+    (The least ideal bound alone picks too few engines where the batch is small: the rollout's
+    latency, not its work, then sets the step.)"""
+    options = split_bounds(shape, work, cost, trainer_tok_s)
+    engines = min(
+        options, key=lambda n: max(options[n].engine_s / ENGINE_LOAD, options[n].trainer_s)
+    )
+    return engines, shape.gpus - engines
+
+
+def least_ideal_s(shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float) -> float:
+    """The ideal bound of the best split of the cluster, whichever split a run uses."""
+    return min(b.ideal_s for b in split_bounds(shape, work, cost, trainer_tok_s).values())
 
 
 @dataclass

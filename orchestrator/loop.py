@@ -82,7 +82,7 @@ GROUP_OUTCOMES = ("published", "already_published", "filtered", "surplus", "stal
 
 @dataclass
 class StepState:
-    """What a running step's groups share (in async mode two steps run at once)."""
+    """What a running step's groups share (in async mode several steps run at once)."""
 
     step: int
     version: int  # the weight version the step waited for
@@ -251,9 +251,10 @@ class Orchestrator:
         log.info("rollout finished", extra={"steps": self.step})
 
     async def _run_steps(self) -> None:
-        """Start steps in order, two at a time in async mode (orchestrator.step_window), and
-        record each finished step once every step before it is finished too."""
-        window = StepWindow(2 if self._overlap else 1)
+        """Start steps in order, up to `max_staleness + 1` at once in async mode
+        (orchestrator.step_window; the weight gate allows no more), and record each finished
+        step once every step before it is finished too."""
+        window = StepWindow(self.cfg.max_staleness + 1 if self._overlap else 1)
         next_step = self.step
         try:
             while True:

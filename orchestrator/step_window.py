@@ -1,11 +1,13 @@
 """Steps in flight: started in order, retired in order, at most `size` at once.
 
 A step's groups finish at the pace of its slowest. With `size` 1 the next step waits for that
-(the barrier sync mode needs: its next weights count every group of this step). With `size` 2
-(async mode) the next step starts as soon as every group of the newest step is claimed, so the
-engines run the next step's groups beside the last step's slowest instead of idling; the
-staleness bound, not the barrier, keeps the data near-on-policy. Steps retire in order: the
-lowest step not finished is what a restart resumes, so no step is skipped after a crash.
+(the barrier sync mode needs: its next weights count every group of this step). In async mode
+(`size` = max_staleness + 1: the weight gate would hold any further step anyway) the next step
+starts as soon as every group of the newest step is claimed, so the engines run the next
+step's groups beside the last step's slowest instead of idling; the staleness bound, not the
+barrier, keeps the data near-on-policy (AReaL bounds its rollouts the same way). Steps retire
+in order: the lowest step not finished is what a restart resumes, so no step is skipped after
+a crash.
 """
 
 from __future__ import annotations

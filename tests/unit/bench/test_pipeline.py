@@ -17,10 +17,13 @@ from bench.pipeline import SHAPES, last_line
 from bench.pipeline_model import (
     AFFINITY_HIT_FIRST,
     AFFINITY_HIT_LATER,
+    ENGINE_LOAD,
     bounds,
     expected_sample,
+    least_ideal_s,
     plan_split,
     rollout_steps,
+    split_bounds,
     summarize,
 )
 from harness.sim_cost import Clock, EngineCost, Workload, retriever_p50_s
@@ -63,6 +66,16 @@ def test_expected_work_split_and_bounds_of_slime_recipe() -> None:
     assert 1.5 < work.turns < 1.7  # at most 2 calls; a search on the first with p = 0.6
     split = plan_split(shape, work, cost, 6879.0)
     assert sum(split) == 8 and min(split) >= 1
+    # Engines planned at ENGINE_LOAD of capacity: with the prefix cache (the bench's default),
+    # more of them than the least ideal bound's split (1 engine: its rollout's latency would
+    # outlast a trainer step; measured 7.1 s against 5.1 s with 2, docs/pipeline-bench.md).
+    cached = EngineCost(prefix_hit=work.prefix_hit)
+    planned = plan_split(shape, work, cached, 6879.0)
+    options = split_bounds(shape, work, cached, 6879.0)
+    least = min(options, key=lambda n: options[n].ideal_s)
+    assert (least, planned) == (1, (2, 6))
+    assert options[2].engine_s <= ENGINE_LOAD * options[2].trainer_s
+    assert least_ideal_s(shape, work, cached, 6879.0) == options[least].ideal_s
     b = bounds(60_000, 150_000, 400, 170_000, 256, (2, 6), cost, 6879.0)
     assert b.trainer_s == pytest.approx(170_000 / (6 * 6879) + cost.push_s())
     assert b.ideal_s == max(b.engine_s, b.trainer_s)
@@ -167,8 +180,8 @@ def test_the_summary_of_a_run() -> None:
     assert r.push_s == pytest.approx(0.5)
     r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, 8, (2, 6),
                       EngineCost(), 6879.0)  # fmt: skip
-    line = last_line("tiny", {"sync": r, "async1": r})
-    assert "colocated_step_s=" in last_line("tiny", {"colocated": r})  # alone, too
+    line = last_line("tiny", {"sync": r, "async1": r}, 1.0)
+    assert "colocated_step_s=" in last_line("tiny", {"colocated": r}, 1.0)  # alone, too
     keys = [kv.split("=")[0] for kv in line.split()]
     assert keys[:7] == [
         "sync_step_s", "async_step_s", "speedup", "engine_busy", "trainer_busy", "ideal_step_s",
