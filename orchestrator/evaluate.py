@@ -8,7 +8,6 @@ from collections import defaultdict
 from typing import Any
 
 from orchestrator.config import OrchestratorConfig
-from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
@@ -38,7 +37,7 @@ async def evaluate(
         async with sem:
             [s] = new_group(
                 p,
-                prompt_token_ids(rollout.tokenizer, p.messages),
+                rollout.prompt_ids(p.messages),
                 group_size=1,
                 rollout_step=-1,
                 run_id=f"{run_id}-eval",

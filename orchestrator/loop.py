@@ -34,7 +34,6 @@ from orchestrator.evaluate import evaluate
 from orchestrator.group_filter import load_group_filter
 from orchestrator.markers import RunMarkers, check_same_run, run_finished, run_record
 from orchestrator.partition import StepClaims
-from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, Sample, Status, new_group
@@ -414,7 +413,7 @@ class Orchestrator:
             metrics.GROUPS_SKIPPED.labels("surplus").inc()  # not started
             return GroupResult(group_id, "surplus", [])
         # Tokenized per group, not cached: a cache over a 170k-row dataset costs gigabytes.
-        prompt_ids = prompt_token_ids(self.rollout.tokenizer, prompt.messages)
+        prompt_ids = self.rollout.prompt_ids(prompt.messages)
         while True:
             group = new_group(
                 prompt,

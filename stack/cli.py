@@ -165,6 +165,8 @@ def local(
 
 
 def main() -> None:
+    # Here, not at the top: searchr1.service loads FastAPI and uvicorn, which `--help` and the
+    # sub-commands that serve nothing do not need.
     from searchr1.service import InsecureListener
 
     try:

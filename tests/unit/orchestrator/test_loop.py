@@ -11,7 +11,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, row_to_prompt
 from orchestrator.loop import Orchestrator, StepState, WeightsNotPushed
 from orchestrator.markers import RunIdInUse
-from orchestrator.prompt import make_row
+from orchestrator.prompt import make_row, prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status
 from orchestrator.scoring import Scorer
@@ -267,6 +267,9 @@ class TimedRollout:
         self.samples: set[str] = set()
         self.peak_samples = 0
         self.peak_groups = 0
+
+    def prompt_ids(self, messages):  # type: ignore[no-untyped-def]
+        return prompt_token_ids(self.tokenizer, messages)
 
     async def run_sample(self, s):  # type: ignore[no-untyped-def]
         self.samples.add(s.trajectory_id)
