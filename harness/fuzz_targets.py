@@ -42,6 +42,9 @@ ENGINE_ADMIN_UNTRUSTED = (
     "/end_weight_update",
     "/init_weights_update_group",
     "/update_weights_from_distributed",
+    "/release_memory_occupation",  # generation would answer 503 until a resume
+    "/resume_memory_occupation",
+    "/update_weights_from_tensor",
 )
 
 

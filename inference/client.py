@@ -473,6 +473,37 @@ class InferenceClient:
         data = await self._request("POST", "/update_weights_from_distributed", body, retries=0)
         self._check_success("/update_weights_from_distributed", data)
 
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the engine's memory (`kv_cache`, `weights`, `cuda_graph`; none: all)."""
+        data = await self._request("POST", "/release_memory_occupation", {"tags": tags}, retries=0)
+        self._check_success("/release_memory_occupation", data)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Take the released memory back; resumed weights need a weight update after it
+        (unless the engine keeps a CPU backup)."""
+        data = await self._request("POST", "/resume_memory_occupation", {"tags": tags}, retries=0)
+        self._check_success("/resume_memory_occupation", data)
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        *,
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None:
+        """One bucket handed over in memory (`searchr1.weightsync.handover`)."""
+        body: dict[str, Any] = {
+            "serialized_named_tensors": serialized_named_tensors,
+            "flush_cache": flush_cache,
+        }
+        if load_format is not None:
+            body["load_format"] = load_format
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        data = await self._request("POST", "/update_weights_from_tensor", body, retries=0)
+        self._check_success("/update_weights_from_tensor", data)
+
     @staticmethod
     def _check_success(path: str, data: Any) -> None:
         if isinstance(data, dict) and data.get("success") is False:

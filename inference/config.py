@@ -48,6 +48,12 @@ class TorchEngineConfig(Section):
         "call, then the engine resumes by itself and drops a half-received push: a trainer "
         "that died mid-push must not leave it paused for good.",
     )
+    weights_cpu_backup: bool = Field(
+        default=False,
+        description="Keep a CPU copy of the weights on release_memory_occupation and restore "
+        "it on resume (SGLang's --enable-weights-cpu-backup). Off (SGLang's default): resumed "
+        "weights have no content and generation answers 503 until a weight update lands.",
+    )
 
 
 class SglangConfig(Section):

@@ -34,9 +34,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from inference import admission
 from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
+from inference.memory import MemoryState
 from inference.prefix_cache import PrefixCache
 from inference.requests import CommandResult, GenerateOutput, Request
 from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
+from inference.tensor_update import TensorUpdates
+from searchr1.weightsync.handover import Handover
 from searchr1.weightsync.protocol import Bucket, GroupJoin
 from searchr1.weightsync.receiver import WeightLoader
 
@@ -112,6 +115,13 @@ class TorchEngine:
         # Used by the scheduler thread only (commands included), so it needs no lock.
         budget = self.cfg.prefix_cache_tokens
         self.prefix_cache = PrefixCache(budget) if budget else None
+        self.memory = MemoryState(
+            self.model,
+            self.device,
+            cpu_backup=self.cfg.weights_cpu_backup,
+            flush_kv=lambda: (self._flush_prefix_cache(), self._batch.clear()),
+        )
+        self.tensor_updates = TensorUpdates(self.weights, self.memory)
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -166,6 +176,7 @@ class TorchEngine:
         with self._cond:
             if self._stopping:
                 raise EngineStopped("engine is shutting down")
+            self.memory.refuse_generation()  # MemoryReleased: a 503
             if len(self._waiting) >= self.cfg.max_queued_requests:
                 REJECTED.labels("overloaded").inc()
                 raise EngineOverloaded(
@@ -247,10 +258,12 @@ class TorchEngine:
         in SGLang). Returns the version."""
 
         def do() -> int:
+            self.memory.require_weights("update_weights_from_disk")
             try:
                 self.weights.load_from_disk(Path(model_path))
             finally:  # even a failed load may have changed some weights: nothing cached stays
                 self._flush_prefix_cache()
+            self.memory.weights_loaded()
             self.model_path = str(model_path)
             return self._set_version(version)
 
@@ -272,10 +285,12 @@ class TorchEngine:
         def do() -> int:
             self._renew_pause()
             version, self._session_version = self._session_version, None
+            self.memory.require_weights("end_weight_update")
             try:
                 self.weights.end_session()
             finally:
                 self._flush_prefix_cache()
+            self.memory.weights_loaded()
             return self._set_version(version)
 
         return await self.run_command(do)
@@ -308,6 +323,40 @@ class TorchEngine:
 
         return await self.run_command(done)
 
+    async def update_weights_from_tensor(
+        self, handover: Handover, version: int | None = None, *, flush_cache: bool = True
+    ) -> int:
+        """Copy one handed-over bucket into the weights (inside the open session; see
+        `inference.tensor_update`); `version` is served from the session's end."""
+
+        def do() -> int:
+            self._renew_pause()
+            try:
+                self.tensor_updates.apply(handover)
+            finally:  # even a refused bucket may follow applied ones: nothing cached stays
+                if flush_cache:
+                    self._flush_prefix_cache()
+            if version is not None:
+                self._session_version = version
+            return self.weight_version
+
+        return await self.run_command(do)
+
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """SGLang's release_memory_occupation (`inference.memory`); ValueError: refused."""
+
+        def do() -> None:
+            with self._cond:
+                waiting = len(self._waiting)
+            self.memory.release(
+                tags, running=len(self._running), waiting=waiting, paused=self._paused
+            )
+
+        await self.run_command(do)
+
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        await self.run_command(lambda: self.memory.resume(tags))
+
     def model_info(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path,
@@ -330,6 +379,11 @@ class TorchEngine:
         self._thread.join(timeout=30)
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.weights.close()
+
+    @property
+    def _held(self) -> bool:
+        """No decode step runs: paused, or memory released (retracted requests wait)."""
+        return self._paused or not self.memory.serving
 
     @property
     def _running(self) -> list[Request]:
@@ -408,7 +462,7 @@ class TorchEngine:
                 while (
                     not self._stopping
                     and not self._commands
-                    and (self._paused or (not self._waiting and not self._running))
+                    and (self._held or (not self._waiting and not self._running))
                 ):
                     if self._paused:
                         left = self._pause_deadline - time.monotonic()
@@ -424,7 +478,7 @@ class TorchEngine:
                 self._commands.clear()
             for fn, result in commands:
                 result.run(fn)
-            if self._paused:
+            if self._held:
                 continue
             try:
                 self._step()

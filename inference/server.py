@@ -19,6 +19,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, WithJsonSchema, field_validator
 
 from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
+from inference.memory import MemoryReleased
 from inference.sampling import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -28,6 +29,7 @@ from inference.sampling import (
     SamplingParams,
     check_text,
 )
+from inference.tensor_update import parse_handover
 from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
 from searchr1.weightsync.protocol import Bucket, GroupDestroy, GroupJoin
 
@@ -108,6 +110,23 @@ class DiskUpdateReq(_Req):
     abort_all_requests: bool = False
 
 
+class MemoryReq(_Req):
+    """SGLang's Release/ResumeMemoryOccupationReqInput: none or [] means every tag."""
+
+    tags: list[Annotated[str, Field(max_length=64)]] | None = Field(default=None, max_length=8)
+
+
+class TensorUpdateReq(_Req):
+    """SGLang's UpdateWeightsFromTensorReqInput (`serialized_named_tensors`: one entry per TP
+    rank; ours must be `load_format="searchr1_handles"` descriptions, never pickles)."""
+
+    serialized_named_tensors: list[str] = Field(min_length=1, max_length=64)
+    load_format: str | None = Field(default=None, max_length=256)
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
 def _version(v: str | None) -> int | None:
     if v is None:
         return None
@@ -151,7 +170,10 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         engine.shutdown()
 
     async def model_loaded() -> str:
-        return f"{engine.model_path} v{engine.weight_version}"
+        # Ready while released: the trainer must still reach the engine (through a Service
+        # that lists ready pods only) to resume it; generation itself answers 503 meanwhile.
+        memory = engine.memory.describe()
+        return f"{engine.model_path} v{engine.weight_version} ({memory})"
 
     app = create_service_app("inference", ready_checks={"model": model_loaded}, lifespan=lifespan)
     admin = [Depends(require_token(admin_token))]
@@ -176,7 +198,7 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
             raise HTTPException(400, str(e)) from None
         except EngineOverloaded as e:
             raise HTTPException(429, str(e)) from None
-        except EngineStopped as e:
+        except (EngineStopped, MemoryReleased) as e:
             raise HTTPException(503, str(e)) from None
         rid = req.rid or ""
         return JSONResponse(
@@ -190,7 +212,10 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
     @app.get("/health_generate")
     async def health_generate() -> dict[str, str]:
         # A real one-token round trip through the scheduler, like SGLang's.
-        out = await engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0))
+        try:
+            out = await engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0))
+        except MemoryReleased as e:
+            raise HTTPException(503, str(e)) from None
         return {"status": "ok", "weight_version": str(out.weight_version)}
 
     @app.get("/model_info")
@@ -276,6 +301,44 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
                 "message": "Succeeded to receive the bucket; applied at end_weight_update.",
                 "weight_version": str(new),
             },
+        )
+
+    # GET too, as SGLang serves them (api_route(["GET", "POST"])); one operation id each.
+    async def release_memory_occupation(req: MemoryReq | None = None) -> JSONResponse:
+        return await _answer(
+            engine.release_memory((req or MemoryReq()).tags),
+            lambda _: {"message": f"Memory released ({engine.memory.describe()})."},
+        )
+
+    async def resume_memory_occupation(req: MemoryReq | None = None) -> JSONResponse:
+        return await _answer(
+            engine.resume_memory((req or MemoryReq()).tags),
+            lambda _: {"message": f"Memory resumed ({engine.memory.describe()})."},
+        )
+
+    for path, fn in (
+        ("/release_memory_occupation", release_memory_occupation),
+        ("/resume_memory_occupation", resume_memory_occupation),
+    ):
+        name = path.strip("/")
+        app.post(path, dependencies=admin, operation_id=name)(fn)
+        app.get(path, dependencies=admin, operation_id=f"{name}_get")(fn)
+
+    @app.post("/update_weights_from_tensor", dependencies=admin)
+    async def update_weights_from_tensor(req: TensorUpdateReq) -> JSONResponse:
+        version = _version(req.weight_version)
+
+        async def update() -> int:
+            handover = parse_handover(req.serialized_named_tensors, req.load_format)
+            if req.abort_all_requests:
+                await engine.abort_all("aborted for a weight update")
+            return await engine.update_weights_from_tensor(
+                handover, version, flush_cache=req.flush_cache
+            )
+
+        return await _answer(
+            update(),
+            lambda new: {"message": "Success", "weight_version": str(new)},
         )
 
     return app

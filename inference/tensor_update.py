@@ -1,0 +1,86 @@
+"""Our engine's side of `/update_weights_from_tensor`: weights handed over in memory.
+
+The body is SGLang's (`serialized_named_tensors`, `load_format`, `flush_cache`,
+`abort_all_requests`, `weight_version`), but the tensors arrive in our described format
+(`searchr1.weightsync.handover`, `load_format="searchr1_handles"`): we never unpickle data from
+the network, so SGLang's own pickled format (load_format None, "direct", "flattened_bucket", ...)
+is refused with a 400 naming `load_format`.
+
+As in SGLang 0.5.21 the call must come inside a weight-update session (`/begin_weight_update` ..
+`/end_weight_update`); the version it carries is served from the session's end. Unlike the
+distributed path (staged, applied at the end), a handed-over bucket is copied straight into the
+parameters: staging would double the weight memory that colocation exists to save. Each call is
+checked whole before anything is copied (names, shapes, bounds), so a refused call changes
+nothing; but when a later bucket of a session is refused after earlier ones were copied, the
+model is a mix, and generation answers 503 until a complete update lands.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from inference.memory import MemoryState
+from searchr1.weightsync.handover import LOAD_FORMAT, Handover, opened
+from searchr1.weightsync.receiver import WEIGHT_UPDATES, WeightLoader
+
+log = logging.getLogger(__name__)
+
+
+def parse_handover(serialized: list[str], load_format: str | None) -> Handover:
+    """The one rank's description; ValueError naming the field otherwise."""
+    if load_format != LOAD_FORMAT:
+        raise ValueError(
+            f"load_format {load_format!r} is not accepted: this engine never unpickles data from "
+            f"the network (SGLang's serialized tensors are pickles); send load_format="
+            f"{LOAD_FORMAT!r} (searchr1.weightsync.handover.HandoverSender)"
+        )
+    if len(serialized) != 1:
+        raise ValueError(
+            f"serialized_named_tensors: {len(serialized)} entries; this engine has one rank, "
+            "send exactly one"
+        )
+    try:
+        return Handover.model_validate_json(serialized[0])
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        problem = f"serialized_named_tensors[0]: not a {LOAD_FORMAT} description: {e}"
+        raise ValueError(problem) from None
+
+
+class TensorUpdates:
+    """Applies handed-over buckets into the model, inside the loader's open session."""
+
+    def __init__(self, weights: WeightLoader, memory: MemoryState) -> None:
+        self.weights = weights
+        self.memory = memory
+        self._session: object | None = None  # the session the count below belongs to
+        self._applied = 0  # buckets copied in during that session
+
+    def apply(self, handover: Handover) -> int:
+        """Copy one bucket in; returns the tensors applied. ValueError: refused, nothing
+        copied from this call."""
+        self.memory.require_weights("update_weights_from_tensor")
+        session = self.weights.session
+        if session is None:
+            WEIGHT_UPDATES.labels("tensor", "rejected").inc()
+            raise ValueError(  # SGLang 0.5.21's words
+                "update_weights_from_tensor must run between begin_weight_update() and "
+                "end_weight_update()"
+            )
+        if self._session is not session:
+            self._session, self._applied = session, 0
+        try:
+            params = self.weights._check(
+                {t.name: (tuple(t.shape), t.dtype) for t in handover.tensors}
+            )
+            with opened(handover) as tensors:
+                self.weights._apply(params, tensors)
+        except ValueError as e:
+            WEIGHT_UPDATES.labels("tensor", "rejected").inc()
+            session.failure = session.failure or str(e)
+            if self._applied:
+                self.memory.weights_broken()
+                log.warning("a handed-over bucket was refused after others were applied")
+            raise
+        self._applied += 1
+        WEIGHT_UPDATES.labels("tensor", "ok").inc()
+        return len(handover.tensors)

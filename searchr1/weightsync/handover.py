@@ -1,0 +1,406 @@
+"""Weights handed over in memory (`/update_weights_from_tensor`): for an engine on the same host
+(CPU) or the same GPU (colocated placement) as the trainer.
+
+SGLang's body carries `serialized_named_tensors`: one pickle per TP rank of `[(name, tensor)]`,
+whose tensors travel as handles (CUDA IPC on GPU, shared memory on CPU). Our engine never
+unpickles what arrives over the network, so it takes a described format instead,
+`load_format="searchr1_handles"`: each element of `serialized_named_tensors` is a JSON text
+(`Handover`) naming ONE buffer and where each tensor lies in it:
+  - CPU: a POSIX shared-memory segment (`multiprocessing.shared_memory`) that the sender created
+    and filled; the engine maps it by name (only names this module makes, under /dev/shm: Linux),
+    copies out, unmaps;
+  - CUDA: the buffer's CUDA IPC handle as plain values (the fields `reduce_tensor` would pickle);
+    the engine rebuilds the buffer with `torch.multiprocessing.reductions.rebuild_cuda_tensor`
+    from those values and copies out, on the device.
+One buffer per bucket: opening an IPC handle costs far more than a view into it.
+
+`HandoverSender` is the trainer side: pause, open a session (SGLang 0.5.21 refuses tensor updates
+outside one), one `/update_weights_from_tensor` per bucket (the last carries the new version and
+the cache flush), close the session, continue. For SGLang (`format="sglang"`) it sends SGLang's
+own pickled format instead (SGLang unpickles it: its behaviour, on its token-protected route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import mmap
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from searchr1.weightsync.group import dtype_from_name, dtype_name
+from searchr1.weightsync.protocol import DTYPE_NAMES
+from searchr1.weightsync.sender import PushStats, _close_sessions, _open_session, _with_last
+
+log = logging.getLogger(__name__)
+
+LOAD_FORMAT = "searchr1_handles"
+# Only segments this module creates may be opened by an engine: a name from the network never
+# reaches the file system beyond /dev/shm/<this pattern>.
+SEGMENT_PREFIX = "searchr1_ho_"
+SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}[0-9a-f]{{16}}$")
+SHM_DIR = Path("/dev/shm")  # where Linux keeps POSIX shared memory (shm_open)
+ALIGN = 64  # every tensor starts on a 64-byte boundary (any dtype's alignment)
+MAX_TENSORS = 1 << 20
+MAX_NDIM = 8
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=1024)
+    dtype: Literal[DTYPE_NAMES]  # type: ignore[valid-type]
+    shape: list[Annotated[int, Field(ge=0, le=1 << 40)]] = Field(max_length=MAX_NDIM)
+    offset: int = Field(ge=0, le=1 << 48)
+
+
+class ShmBuffer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["shm"] = "shm"
+    name: str = Field(pattern=SEGMENT_NAME.pattern)
+    size: int = Field(ge=0, le=1 << 48)
+
+
+class CudaIpcBuffer(BaseModel):
+    """The arguments of `rebuild_cuda_tensor` for a flat uint8 buffer, as plain values."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["cuda_ipc"] = "cuda_ipc"
+    size: int = Field(ge=0, le=1 << 48)
+    device: int = Field(ge=0, le=1024)
+    handle: str = Field(max_length=4096)  # base64 of the cudaIpcMemHandle bytes
+    storage_size_bytes: int = Field(ge=0)
+    storage_offset_bytes: int = Field(ge=0)
+    ref_counter_handle: str = Field(max_length=4096)  # base64
+    ref_counter_offset: int = Field(ge=0)
+    event_handle: str = Field(max_length=4096)  # base64
+    event_sync_required: bool
+
+
+class Handover(BaseModel):
+    """One element of `serialized_named_tensors` under `load_format="searchr1_handles"`."""
+
+    model_config = ConfigDict(extra="forbid")
+    buffer: ShmBuffer | CudaIpcBuffer = Field(discriminator="kind")
+    tensors: list[TensorSpec] = Field(max_length=MAX_TENSORS)
+
+    def check_bounds(self) -> None:
+        """ValueError when a tensor lies outside the buffer."""
+        for t in self.tensors:
+            nbytes = _numel(t.shape) * dtype_from_name(t.dtype).itemsize
+            if t.offset + nbytes > self.buffer.size:
+                raise ValueError(
+                    f"tensor {t.name!r}: bytes [{t.offset}, {t.offset + nbytes}) outside the "
+                    f"buffer of {self.buffer.size} bytes"
+                )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# ---- the receiving side (our engine) ---------------------------------------------------------
+
+
+@contextmanager
+def opened(handover: Handover) -> Iterator[dict[str, torch.Tensor]]:
+    """The described tensors, as views into the sender's buffer, valid inside the block only
+    (copy them out). ValueError: the buffer is not there or too small, or a tensor lies
+    outside it."""
+    handover.check_bounds()
+    buf = handover.buffer
+    if isinstance(buf, ShmBuffer):
+        # Mapped from /dev/shm directly, not through `SharedMemory`, whose resource tracker
+        # would take the segment for ours (and unlink it at our exit): it is the sender's.
+        try:
+            fd = os.open(SHM_DIR / buf.name, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ValueError(f"shared-memory segment {buf.name!r} does not exist") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < buf.size:
+                raise ValueError(f"segment {buf.name!r}: {size} bytes, {buf.size} declared")
+            # Private and writable (copy-on-write; nothing writes): torch wants a writable buffer.
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            mapped = mmap.mmap(fd, max(buf.size, 1), flags=mmap.MAP_PRIVATE, prot=prot)
+        finally:
+            os.close(fd)
+        try:
+            flat = torch.frombuffer(mapped, dtype=torch.uint8, count=max(buf.size, 1))
+            views = _views(flat, handover.tensors)
+            try:
+                yield views
+            finally:
+                del views, flat  # no view may outlive the mapping
+        finally:
+            mapped.close()
+    else:
+        flat = _rebuild_cuda(buf)
+        yield _views(flat, handover.tensors)
+
+
+def _views(flat: torch.Tensor, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for t in specs:
+        dtype = dtype_from_name(t.dtype)
+        nbytes = _numel(t.shape) * dtype.itemsize
+        out[t.name] = flat[t.offset : t.offset + nbytes].view(dtype).view(t.shape)
+    return out
+
+
+def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
+    """The sender's CUDA buffer, opened from its IPC handle (what unpickling `reduce_tensor`'s
+    output would call, here from validated plain values)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if not torch.cuda.is_available():
+        raise ValueError("a cuda_ipc buffer was sent to an engine without CUDA")
+    try:
+        handle = base64.b64decode(buf.handle, validate=True)
+        ref_handle = base64.b64decode(buf.ref_counter_handle, validate=True)
+        event = base64.b64decode(buf.event_handle, validate=True)
+    except ValueError as e:
+        raise ValueError(f"cuda_ipc buffer: bad base64 ({e})") from None
+    return rebuild_cuda_tensor(
+        torch.Tensor, (buf.size,), (1,), 0, torch.UntypedStorage, torch.uint8,
+        buf.device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
+        ref_handle, buf.ref_counter_offset, event, buf.event_sync_required,
+    )  # fmt: skip
+
+
+# ---- the sending side (the trainer) ----------------------------------------------------------
+
+
+class Packed:
+    """One bucket laid out in one buffer, with its JSON description; `close()` frees it (after
+    the engine answered: it copies out during the call)."""
+
+    def __init__(self, bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> None:
+        specs, offset = [], 0
+        for name, t in bucket:
+            specs.append(
+                TensorSpec(name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset)
+            )
+            offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        self.nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+        self._shm: shared_memory.SharedMemory | None = None
+        if device.type == "cuda":
+            self._flat = torch.empty(max(offset, 1), dtype=torch.uint8, device=device)
+            flat: torch.Tensor = self._flat
+        else:
+            name = f"{SEGMENT_PREFIX}{secrets.token_hex(8)}"
+            self._shm = shared_memory.SharedMemory(name=name, create=True, size=max(offset, 1))
+            flat = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=max(offset, 1))
+        for (_, t), spec in zip(bucket, specs, strict=True):
+            n = t.numel() * t.element_size()
+            flat[spec.offset : spec.offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # written before the engine reads
+            buffer: ShmBuffer | CudaIpcBuffer = _cuda_buffer(self._flat, offset)
+        else:
+            del flat
+            assert self._shm is not None
+            buffer = ShmBuffer(name=self._shm.name, size=offset)
+        self.handover = Handover(buffer=buffer, tensors=specs)
+
+    def describe(self) -> str:
+        return self.handover.model_dump_json()
+
+    def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+        self._flat = None
+
+
+def _cuda_buffer(flat: torch.Tensor, size: int) -> CudaIpcBuffer:
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(flat)
+    # (cls, size, stride, offset, storage_cls, dtype, device, handle, storage_size_bytes,
+    #  storage_offset_bytes, requires_grad, ref_counter_handle, ref_counter_offset,
+    #  event_handle, event_sync_required): torch's own layout of a shared CUDA tensor.
+    return CudaIpcBuffer(
+        size=size, device=args[6], handle=_b64(args[7]), storage_size_bytes=args[8],
+        storage_offset_bytes=args[9], ref_counter_handle=_b64(args[11]),
+        ref_counter_offset=args[12], event_handle=_b64(args[13]), event_sync_required=args[14],
+    )  # fmt: skip
+
+
+def sglang_serialized(bucket: list[tuple[str, torch.Tensor]], tp_size: int = 1) -> list[str]:
+    """SGLang's own format (its `MultiprocessingSerializer.serialize(.., output_str=True)`):
+    a ForkingPickler pickle of `[(name, tensor)]`, base64, one per TP rank. For SGLang only:
+    our engine refuses it."""
+    from multiprocessing.reduction import ForkingPickler
+
+    out = io.BytesIO()
+    ForkingPickler(out).dump(list(bucket))
+    return [_b64(out.getvalue())] * tp_size
+
+
+class TensorEngine(Protocol):
+    """The engine calls a `HandoverSender` drives (`inference.client.InferenceClient`)."""
+
+    base_url: str
+
+    async def get_model_info(self) -> dict[str, Any]: ...
+    async def pause_generation(self, mode: str = "abort") -> None: ...
+    async def continue_generation(self) -> None: ...
+    async def begin_weight_update(self) -> bool: ...
+    async def end_weight_update(self) -> None: ...
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        *,
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None: ...
+
+
+class HandoverSender:
+    """Hands weights to engines on this host/GPU through `/update_weights_from_tensor`.
+
+    `format`: "searchr1" (our engine: described shared memory / CUDA IPC) or "sglang" (SGLang's
+    pickled handles). `device`: where the handed-over buffer lives (the engine's device)."""
+
+    def __init__(
+        self,
+        engines: Sequence[TensorEngine],
+        *,
+        format: Literal["searchr1", "sglang"] = "searchr1",
+        device: str | torch.device = "cpu",
+        bucket_bytes: int = 512 << 20,
+        pause_mode: str | None = "retract",
+        dtype: torch.dtype | None = None,
+        tp_size: int = 1,
+    ) -> None:
+        if not engines:
+            raise ValueError("engines is empty")
+        if bucket_bytes <= 0:
+            raise ValueError("bucket_bytes must be > 0")
+        if format not in ("searchr1", "sglang"):
+            raise ValueError(f"format must be searchr1 or sglang (got {format!r})")
+        self.engines = list(engines)
+        self.format = format
+        self.device = torch.device(device)
+        self.bucket_bytes = bucket_bytes
+        self.pause_mode = pause_mode
+        self.dtype = dtype
+        self.tp_size = tp_size
+
+    def _buckets(
+        self, named: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, t in named:
+            t = t.detach()
+            if self.dtype is not None and t.is_floating_point():
+                t = t.to(self.dtype)
+            t = t.to(self.device).contiguous()
+            n = t.numel() * t.element_size()
+            if bucket and size + n > self.bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, t))
+            size += n
+        if bucket:
+            yield bucket
+
+    async def push(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        version: int | None = None,
+        flush_cache: bool = True,
+    ) -> PushStats:
+        """Hand every tensor to every engine; the engines serve `version` afterwards (default:
+        one more than the highest they report), as with the distributed push."""
+        if version is None:
+            infos = await asyncio.gather(*(c.get_model_info() for c in self.engines))
+            version = max(int(i["weight_version"]) for i in infos) + 1
+        paused_at = time.perf_counter()
+        if self.pause_mode:
+            await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self.engines))
+        total, seconds = 0, 0.0
+        try:
+            opened = await asyncio.gather(
+                *(_open_session(c) for c in self.engines),  # type: ignore[arg-type]
+                return_exceptions=True,
+            )
+            in_session = [c for c, ok in zip(self.engines, opened, strict=True) if ok is True]
+            failure = next((r for r in opened if isinstance(r, BaseException)), None)
+            start = time.perf_counter()
+            try:
+                if failure is not None:
+                    raise failure
+                total = await self._send(named_tensors, version, flush_cache)
+            except BaseException as e:
+                failure = e
+                raise
+            finally:
+                await _close_sessions(in_session, failed=failure is not None)  # type: ignore[arg-type]
+            seconds = time.perf_counter() - start
+        finally:
+            if self.pause_mode:
+                await asyncio.gather(
+                    *(c.continue_generation() for c in self.engines), return_exceptions=True
+                )
+        stats = PushStats(total, seconds, version, time.perf_counter() - paused_at)
+        log.info(
+            "weights handed over",
+            extra={"bytes": total, "seconds": round(seconds, 3), "version": version},
+        )
+        return stats
+
+    async def _send(
+        self, named: Iterable[tuple[str, torch.Tensor]], version: int, flush_cache: bool
+    ) -> int:
+        total = 0
+        for bucket, last in _with_last(self._buckets(named)):
+            if self.format == "sglang":
+                payload, load_format, packed = sglang_serialized(bucket, self.tp_size), None, None
+            else:
+                packed = Packed(bucket, self.device)
+                payload, load_format = [packed.describe()] * self.tp_size, LOAD_FORMAT
+            try:
+                results = await asyncio.gather(
+                    *(
+                        c.update_weights_from_tensor(
+                            payload,
+                            load_format=load_format,
+                            flush_cache=flush_cache and last,
+                            weight_version=str(version) if last else None,
+                        )
+                        for c in self.engines
+                    ),
+                    return_exceptions=True,
+                )
+            finally:
+                if packed is not None:  # every engine has answered: it copied out
+                    packed.close()
+            total += sum(t.numel() * t.element_size() for _, t in bucket)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+        return total
