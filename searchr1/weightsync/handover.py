@@ -252,8 +252,18 @@ def sglang_serialized(bucket: list[tuple[str, torch.Tensor]], tp_size: int = 1) 
     our engine refuses it."""
     from multiprocessing.reduction import ForkingPickler
 
+    import torch.multiprocessing as tmp
+
     out = io.BytesIO()
-    ForkingPickler(out).dump(list(bucket))
+    # CPU tensors as named shared-memory files (torch_shm_manager), which any process on the
+    # host can open; the default (file descriptors) needs the multiprocessing authkey that an
+    # unrelated server does not share. CUDA tensors are IPC handles either way.
+    strategy = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        ForkingPickler(out).dump(list(bucket))
+    finally:
+        tmp.set_sharing_strategy(strategy)
     return [_b64(out.getvalue())] * tp_size
 
 
