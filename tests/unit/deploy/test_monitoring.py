@@ -170,6 +170,21 @@ def _registered_metrics() -> dict[str, set[str]]:
     return out
 
 
+ROUTER_METRICS = Path(__file__).parent / "sglang_router_0.3.2.metrics"
+
+
+def _router_metrics() -> dict[str, set[str]]:
+    """Sample name -> label names of sglang-router 0.3.2's metrics, as a real router exposed
+    them (recorded: tests/unit/deploy/sglang_router_0.3.2.metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(ROUTER_METRICS.read_text()):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
 def test_dashboard_queries_real_metrics() -> None:
     docs = render("default", ALL_ON)
     cm = next(d for d in docs if d["metadata"]["name"] == "rl-searchr1-dashboard")
@@ -179,13 +194,14 @@ def test_dashboard_queries_real_metrics() -> None:
     assert dash["uid"] == "searchr1"
     panels = [p for p in dash["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
-    registered = _registered_metrics()
+    # Ours, and sglang-router's own (smg_*: the "Router" row, scraped on its metrics port).
+    registered = _registered_metrics() | _router_metrics()
     used = set()
     for p in panels:
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
         for t in p["targets"]:
             expr = t["expr"]
-            names = re.findall(r"searchr1_[a-z_]+", expr)
+            names = re.findall(r"(?:searchr1|smg)_[a-z_]+", expr)
             assert names, expr
             for name in names:
                 assert name in registered, f"{p['title']}: {name} is not a registered metric"
@@ -203,5 +219,22 @@ def test_dashboard_queries_real_metrics() -> None:
         "searchr1_inference_output_tokens_total",
         "searchr1_retriever_queries_total",
         "searchr1_bus_backlog",
+        "smg_router_requests_total",
+        "smg_worker_health",
     ):
         assert name in used
+
+
+def test_the_router_row_shows_only_router_metrics() -> None:
+    """The router's panels are in a row of their own (empty without a router), and only they
+    query sglang-router's metrics."""
+    dash = json.loads((stack.CHART / "dashboards" / "searchr1.json").read_text())
+    row = None
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            row = p["title"]
+            continue
+        router = any("smg_" in t["expr"] for t in p["targets"])
+        assert router == (row == "Router (sglang-router)"), p["title"]
+        if router:
+            assert all("smg_" in t["expr"] and "searchr1_" not in t["expr"] for t in p["targets"])
