@@ -97,6 +97,7 @@ class ChaosConfig:
     groups_per_step: int = 8
     group_size: int = 4
     dynamic_sampling: bool = False  # over_sampling G/4 and group_filter reward_std
+    max_staleness: int | None = None  # None: sync mode; else async (overlapping steps)
     checkpoint_every: int = 2
     recover_timeout_s: float = 300.0
     run_timeout_s: float = 3600.0
@@ -178,6 +179,8 @@ def write_run_config(
     )
     n_train = len(rows["train"].read_text().splitlines())
     per_step = cfg.groups_per_step
+    if cfg.max_staleness is not None:
+        data["orchestrator"].update(mode="async", max_staleness=cfg.max_staleness)
     if cfg.dynamic_sampling:  # as `searchr1 demo --dynamic-sampling`, at this bench's G
         over = max(1, per_step // 4)
         data["orchestrator"]["rollout"].update(over_sampling=over, group_filter="reward_std")
@@ -535,6 +538,12 @@ def main() -> int:
     ap.add_argument(
         "--dynamic-sampling", action="store_true", help="over-sampling G/4 + group filter"
     )
+    ap.add_argument(
+        "--async-staleness",
+        type=int,
+        default=None,
+        help="async mode at this max_staleness (overlapping steps); default: sync",
+    )
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
@@ -551,6 +560,7 @@ def main() -> int:
         groups_per_step=args.groups_per_step,
         group_size=args.group_size,
         dynamic_sampling=args.dynamic_sampling,
+        max_staleness=args.async_staleness,
     )
     import logging
 
