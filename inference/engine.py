@@ -274,6 +274,7 @@ class TorchEngine:
 
         def do() -> None:
             self._renew_pause()
+            self.memory.require_weights("begin_weight_update")
             self.weights.begin_session()
 
         await self.run_command(do)
@@ -285,7 +286,6 @@ class TorchEngine:
         def do() -> int:
             self._renew_pause()
             version, self._session_version = self._session_version, None
-            self.memory.require_weights("end_weight_update")
             try:
                 self.weights.end_session()
             finally:
@@ -349,7 +349,11 @@ class TorchEngine:
             with self._cond:
                 waiting = len(self._waiting)
             self.memory.release(
-                tags, running=len(self._running), waiting=waiting, paused=self._paused
+                tags,
+                running=len(self._running),
+                waiting=waiting,
+                paused=self._paused,
+                session_open=self.weights.session is not None,
             )
 
         await self.run_command(do)

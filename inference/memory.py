@@ -5,8 +5,8 @@ Tags, as SGLang 0.5.21 defines them (`sglang.srt.constants`); none or an empty l
   - `kv_cache`: the prefix cache's K/V (and the decode batch's, empty since release needs an idle
     engine) is dropped; resuming it only lets generation run again (the cache refills on use);
   - `weights`: every parameter's storage is freed (replaced by an empty one; the Parameter
-    objects stay, so tied weights stay tied, and their shapes are kept here). Resuming allocates them
-    again with undefined content, as SGLang does with torch_memory_saver: the weights must then
+    objects stay, so tied weights stay tied; their shapes are kept here). Resuming allocates
+    them again with undefined content, as SGLang does with torch_memory_saver: the weights must then
     be reloaded by a weight update (`update_weights_from_tensor`, `..._from_distributed` or
     `..._from_disk`), and until one lands generation answers 503. With `weights_cpu_backup`
     (SGLang's `--enable-weights-cpu-backup`) a CPU copy is kept at release and restored at
@@ -151,12 +151,25 @@ class MemoryState:
 
     # ---- release / resume ------------------------------------------------------------------
 
-    def release(self, tags: list[str] | None, *, running: int, waiting: int, paused: bool) -> None:
+    def release(
+        self,
+        tags: list[str] | None,
+        *,
+        running: int,
+        waiting: int,
+        paused: bool,
+        session_open: bool = False,
+    ) -> None:
         tags = normalize_tags(tags)
         try:
             again = sorted(set(tags) & self.released)
             if again:
                 raise ValueError(f"tags: {again} already released")
+            # A session's end would load into freed storage (SGLang refuses alike).
+            if WEIGHTS in tags and session_open:
+                raise ValueError(
+                    "a weight-update session is open: end_weight_update before releasing weights"
+                )
             # SGLang's rule: only an idle engine releases (a paused one may keep a queue).
             if running or (waiting and not paused):
                 raise ValueError(

@@ -78,7 +78,8 @@ class CudaIpcBuffer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["cuda_ipc"] = "cuda_ipc"
     size: int = Field(ge=0, le=1 << 48)
-    device: int = Field(ge=0, le=1024)
+    device: int = Field(ge=0, le=1024)  # the sender's index; the uuid below wins if known here
+    device_uuid: str | None = Field(default=None, max_length=64)
     handle: str = Field(max_length=4096)  # base64 of the cudaIpcMemHandle bytes
     storage_size_bytes: int = Field(ge=0)
     storage_offset_bytes: int = Field(ge=0)
@@ -173,6 +174,14 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
 
     if not torch.cuda.is_available():
         raise ValueError("a cuda_ipc buffer was sent to an engine without CUDA")
+    device = buf.device
+    if buf.device_uuid is not None:  # CUDA_VISIBLE_DEVICES may number the GPU differently here
+        uuids = [
+            str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
+        ]
+        if buf.device_uuid not in uuids:
+            raise ValueError(f"cuda_ipc buffer: GPU {buf.device_uuid} is not visible to the engine")
+        device = uuids.index(buf.device_uuid)
     try:
         handle = base64.b64decode(buf.handle, validate=True)
         ref_handle = base64.b64decode(buf.ref_counter_handle, validate=True)
@@ -181,7 +190,7 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
         raise ValueError(f"cuda_ipc buffer: bad base64 ({e})") from None
     return rebuild_cuda_tensor(
         torch.Tensor, (buf.size,), (1,), 0, torch.UntypedStorage, torch.uint8,
-        buf.device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
+        device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
         ref_handle, buf.ref_counter_offset, event, buf.event_sync_required,
     )  # fmt: skip
 
@@ -239,8 +248,10 @@ def _cuda_buffer(flat: torch.Tensor, size: int) -> CudaIpcBuffer:
     # (cls, size, stride, offset, storage_cls, dtype, device, handle, storage_size_bytes,
     #  storage_offset_bytes, requires_grad, ref_counter_handle, ref_counter_offset,
     #  event_handle, event_sync_required): torch's own layout of a shared CUDA tensor.
+    uuid = str(torch.cuda.get_device_properties(args[6]).uuid)
     return CudaIpcBuffer(
-        size=size, device=args[6], handle=_b64(args[7]), storage_size_bytes=args[8],
+        size=size, device=args[6], device_uuid=uuid, handle=_b64(args[7]),
+        storage_size_bytes=args[8],
         storage_offset_bytes=args[9], ref_counter_handle=_b64(args[11]),
         ref_counter_offset=args[12], event_handle=_b64(args[13]), event_sync_required=args[14],
     )  # fmt: skip
