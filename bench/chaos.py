@@ -10,7 +10,11 @@ and a Kubernetes Job would restart them): once without faults, once with `--faul
 - `refuse_push`: the engine answers one `/update_weights_from_distributed` with 503 (a proxy
   between trainer and engine);
 - `retriever_down`: the retriever refuses connections for 30 s (a proxy that stops listening);
-- `pause:inference`: SIGSTOP of the engine for 5-20 s, then SIGCONT (a network pause).
+- `pause:inference`: SIGSTOP of the engine for 5-20 s, then SIGCONT (a network pause);
+- `freeze:<service>` (issue 32; not in the default mix, name them with `--kinds`): SIGSTOP of
+  any service, Redis included, for `--freeze-s` (10-90 s), then SIGCONT: a long GC pause, a
+  stuck CUDA call, a node under memory pressure. Its connections stay open and nothing
+  answers: every wait must end by its own deadline.
 
 A fault is injected at a seeded random point of the step after the previous one recovered
 (its service is ready again and the trainer finished a step after it: its `metrics_jsonl`
@@ -81,6 +85,10 @@ KINDS = [
     "retriever_down",
     "pause:inference",
 ]
+# Named with --kinds: a cluster's faults (issue 32), longer than the default mix's.
+FREEZE_KINDS = [
+    f"freeze:{s}" for s in ("trainer", "orchestrator", "inference", "retriever", "redis")
+]
 OUTAGE_S = 30.0
 PUSH_PATH = "/update_weights_from_distributed"
 
@@ -98,6 +106,7 @@ class ChaosConfig:
     group_size: int = 4
     dynamic_sampling: bool = False  # over_sampling G/4 and group_filter reward_std
     max_staleness: int | None = None  # None: sync mode; else async (overlapping steps)
+    freeze_s: tuple[float, float] = (10.0, 90.0)  # a freeze's duration, drawn uniformly
     checkpoint_every: int = 2
     recover_timeout_s: float = 300.0
     run_timeout_s: float = 3600.0
@@ -319,7 +328,11 @@ class Stack:
 
 
 def inject(
-    kind: str, stack: Stack, proxies: dict[str, FaultyProxy], rng: random.Random
+    kind: str,
+    stack: Stack,
+    proxies: dict[str, FaultyProxy],
+    rng: random.Random,
+    freeze_s: tuple[float, float] = (10.0, 90.0),
 ) -> tuple[Fault, str | None, int | None]:
     """Apply one fault; returns it with the service that must come back (and its old pid)."""
     now = time.monotonic()
@@ -327,11 +340,11 @@ def inject(
     if action == "kill":
         pid = stack.signal(target, signal.SIGKILL)
         return Fault(kind, now, now), target, pid
-    if action == "pause":
-        pid = stack.signal(target, signal.SIGSTOP)
+    if action in ("pause", "freeze"):
+        stack.signal(target, signal.SIGSTOP)
         try:
-            time.sleep(rng.uniform(5.0, 20.0))
-        finally:  # a stopped engine must never outlive the bench
+            time.sleep(rng.uniform(*((5.0, 20.0) if action == "pause" else freeze_s)))
+        finally:  # a stopped process must never outlive the bench
             stack.signal(target, signal.SIGCONT)
         return Fault(kind, now, time.monotonic()), None, None
     if kind == "retriever_down":
@@ -341,7 +354,7 @@ def inject(
         before = len(proxies["engine"].refused_at)
         proxies["engine"].refuse_next(PUSH_PATH)
         return Fault(kind, now, now, refusals_before=before), None, None
-    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS})")
+    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS + FREEZE_KINDS})")
 
 
 def wait_recovered(
@@ -411,7 +424,7 @@ def run_once(
             # A fault needs a later step to show recovery: none in the last step.
             if stack.done or monitor.steps_done >= cfg.steps - 1:
                 break
-            fault, service, pid = inject(kind, stack, proxies, rng)
+            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s)
             injected.append(fault)
             print(f"fault {len(injected)}: {kind} at step {monitor.steps_done}", flush=True)
             wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
@@ -526,7 +539,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/chaos"))
     ap.add_argument("--faults", type=int, default=20)
-    ap.add_argument("--kinds", default="", help=f"comma list, cycled (default: {KINDS})")
+    ap.add_argument(
+        "--kinds",
+        default="",
+        help=f"comma list, cycled (default: {KINDS}; also {FREEZE_KINDS})",
+    )
+    ap.add_argument(
+        "--freeze-s",
+        default="10,90",
+        help="a freeze's duration range in seconds, MIN,MAX (drawn uniformly)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="world, warm start, fault schedule")
     ap.add_argument(
         "--train-seed", type=int, default=None, help="data order and trainer seed (default --seed)"
@@ -547,8 +569,13 @@ def main() -> int:
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
-        if k not in KINDS:
-            ap.error(f"unknown fault kind {k!r} (choose from {KINDS})")
+        if k not in KINDS + FREEZE_KINDS:
+            ap.error(f"unknown fault kind {k!r} (choose from {KINDS + FREEZE_KINDS})")
+    try:
+        lo, hi = (float(x) for x in args.freeze_s.split(","))
+        assert 0 < lo <= hi
+    except (ValueError, AssertionError):
+        ap.error(f"--freeze-s: expected MIN,MAX seconds with 0 < MIN <= MAX, got {args.freeze_s!r}")
     cfg = ChaosConfig(
         out_dir=args.out.resolve(),
         seed=args.seed,
@@ -561,6 +588,7 @@ def main() -> int:
         group_size=args.group_size,
         dynamic_sampling=args.dynamic_sampling,
         max_staleness=args.async_staleness,
+        freeze_s=(lo, hi),
     )
     import logging
 

@@ -105,11 +105,9 @@ async def test_async_next_step_starts_while_the_last_group_runs(tokenizer, bus) 
     assert orch.step == 2
 
 
-async def test_async_overlap_counts_the_unfinished_groups_against_staleness(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
-    # max_staleness 0: step 1 needs the weights trained on step 0, unfinished groups included;
-    # counting only published groups would start it from the base weights.
-    engine = holding_engine(tokenizer)
-    orch = build(tokenizer, bus, engine, max_staleness=0)
+async def step_1_waits_for_step_0(orch: Orchestrator, engine: HoldingEngine) -> asyncio.Task:  # type: ignore[type-arg]
+    """Run `orch` with one of step 0's groups held: step 1 does not start while it is held
+    (checked once the other group is done); then release it. Returns the running run."""
     held, other = questions(orch, 0)
     engine.held = (held,)
     run = asyncio.create_task(orch.run())
@@ -119,6 +117,15 @@ async def test_async_overlap_counts_the_unfinished_groups_against_staleness(toke
         assert not set(questions(orch, 1)) & set(engine.seen)
     finally:
         engine.release.set()
+    return run
+
+
+async def test_async_overlap_counts_the_unfinished_groups_against_staleness(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    # max_staleness 0: step 1 needs the weights trained on step 0, unfinished groups included;
+    # counting only published groups would start it from the base weights.
+    engine = holding_engine(tokenizer)
+    orch = build(tokenizer, bus, engine, max_staleness=0)
+    run = await step_1_waits_for_step_0(orch, engine)
     assert await until(lambda: orch.step == 1)
     await asyncio.sleep(0.2)
     assert not set(questions(orch, 1)) & set(engine.seen)  # waits for version 1
@@ -134,15 +141,7 @@ KEEP_ALL = "tests.unit.orchestrator.hook_examples:keep_all"
 async def test_sync_and_dynamic_sampling_keep_the_barrier(tokenizer, bus, over) -> None:  # type: ignore[no-untyped-def]
     engine = holding_engine(tokenizer)
     orch = build(tokenizer, bus, engine, **over)
-    held, other = questions(orch, 0)
-    engine.held = (held,)
-    run = asyncio.create_task(orch.run())
-    try:
-        assert await until(lambda: engine.seen.count(other) == 4)  # 2 samples x 2 turns
-        await asyncio.sleep(0.3)
-        assert not set(questions(orch, 1)) & set(engine.seen)
-    finally:
-        engine.release.set()
-        engine.weight_version = 1  # sync: step 1 needs the weights trained on step 0
+    run = await step_1_waits_for_step_0(orch, engine)
+    engine.weight_version = 1  # sync: step 1 needs the weights trained on step 0
     await asyncio.wait_for(run, 20)
     assert len(await drain(bus)) == 8
