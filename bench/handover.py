@@ -2,6 +2,7 @@
 
     python bench/handover.py [--hidden 1024] [--layers 2] [--rounds 3] [--bucket-mb 256]
     python bench/handover.py --hidden 256 --layers 2 --rounds 2     # smallest, < 1 minute
+    python bench/handover.py --device cuda --dtype bfloat16          # engine and buffer on GPU
 
 One reference engine (`searchr1 inference serve`, a real process) serves a random model of
 `--hidden`/`--layers`; this process plays the trainer and updates it with every tensor of that
@@ -12,7 +13,9 @@ model, best of `--rounds`, two ways:
 For each: the transfer time (first bucket sent to last answer, as `PushStats.seconds`) and the
 peak memory above the resting RSS of the engine and of the sender (Linux's VmHWM, reset through
 /proc/<pid>/clear_refs before each way). Then one colocated cycle: release all memory, resume,
-hand over, and the time of each step.
+hand over, and the time of each step; on `--device cuda` also the GPU memory the release gave
+back (device-wide, `torch.cuda.mem_get_info`). The gloo push runs over the host either way (two
+ranks on one GPU cannot form an NCCL group: the reason colocation hands over by CUDA IPC).
 
 The last line is key=value pairs.
 """
@@ -73,7 +76,18 @@ async def best_of(
     return best, [p.extra_mb() for p in peaks]
 
 
-async def run(url: str, engine_pid: int, ckpt: Path, rounds: int, bucket_mb: int) -> dict:
+def gpu_used_mb(device: str) -> float:
+    import torch
+
+    if not device.startswith("cuda"):
+        return 0.0
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return (total - free) / 2**20
+
+
+async def run(
+    url: str, engine_pid: int, ckpt: Path, rounds: int, bucket_mb: int, device: str
+) -> dict:
     import time
 
     from safetensors.torch import load_file
@@ -87,15 +101,17 @@ async def run(url: str, engine_pid: int, ckpt: Path, rounds: int, bucket_mb: int
         push, (push_engine_mb, push_sender_mb) = await best_of(
             rounds, lambda: sender.push(named), peaks
         )
-        handover_sender = HandoverSender([client], bucket_bytes=bucket_mb << 20)
+        handover_sender = HandoverSender([client], bucket_bytes=bucket_mb << 20, device=device)
         hand, (hand_engine_mb, hand_sender_mb) = await best_of(
             rounds, lambda: handover_sender.push(named), peaks
         )
         assert hand.bytes == push.bytes
 
+        used = gpu_used_mb(device)
         start = time.perf_counter()
         await client.release_memory_occupation()
         released = time.perf_counter()
+        gpu_freed = used - gpu_used_mb(device)
         await client.resume_memory_occupation()
         resumed = time.perf_counter()
         cycle = await handover_sender.push(named)
@@ -114,6 +130,7 @@ async def run(url: str, engine_pid: int, ckpt: Path, rounds: int, bucket_mb: int
         "release_s": released - start,
         "resume_s": resumed - released,
         "cycle_handover_s": cycle.seconds,
+        "gpu_freed_mb": gpu_freed,
     }
 
 
@@ -123,14 +140,20 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bucket-mb", type=int, default=256)
+    ap.add_argument("--device", default="cpu", help="the engine's (and the buffer's) device")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
+    env = {
+        "SEARCHR1_INFERENCE__TORCH_ENGINE__DEVICE": args.device,
+        "SEARCHR1_INFERENCE__TORCH_ENGINE__DTYPE": args.dtype,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-handover-") as tmp:
         model = make_tiny_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers)
-        with InferenceServerProcess(model) as server:
+        with InferenceServerProcess(model, env=env) as server:
             assert server.proc is not None
             r = asyncio.run(
                 run(server.url, server.proc.pid, model / "model.safetensors", args.rounds,
-                    args.bucket_mb)
+                    args.bucket_mb, args.device)
             )  # fmt: skip
     print(f"model     : {r['model_mb']:.0f} MB")
     print(

@@ -47,6 +47,9 @@ MEMORY_CALLS = Counter(
 )
 for _tag in ALL_TAGS:
     RELEASED.labels(_tag).set(0)
+for _call in ("release", "resume"):  # at 0 from start-up: "no refusals", not "No data"
+    for _outcome in ("ok", "rejected"):
+        MEMORY_CALLS.labels(_call, _outcome)
 
 
 class MemoryReleased(Exception):

@@ -302,7 +302,8 @@ class HandoverSender:
     """Hands weights to engines on this host/GPU through `/update_weights_from_tensor`.
 
     `format`: "searchr1" (our engine: described shared memory / CUDA IPC) or "sglang" (SGLang's
-    pickled handles). `device`: where the handed-over buffer lives (the engine's device)."""
+    pickled handles). `device`: where the handed-over buffer lives (the engine's device).
+    `dtype`: floating tensors are cast to it (default: the engine's, when it reports one)."""
 
     def __init__(
         self,
@@ -357,9 +358,12 @@ class HandoverSender:
     ) -> PushStats:
         """Hand every tensor to every engine; the engines serve `version` afterwards (default:
         one more than the highest they report), as with the distributed push."""
-        if version is None:
+        if version is None or self.dtype is None:
             infos = await asyncio.gather(*(c.get_model_info() for c in self.engines))
-            version = max(int(i["weight_version"]) for i in infos) + 1
+            if version is None:
+                version = max(int(i["weight_version"]) for i in infos) + 1
+            if self.dtype is None and infos[0].get("dtype"):  # ours says; SGLang casts itself
+                self.dtype = dtype_from_name(infos[0]["dtype"])
         paused_at = time.perf_counter()
         if self.pause_mode:
             await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self.engines))

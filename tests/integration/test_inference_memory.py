@@ -199,3 +199,15 @@ def test_cpu_backup_restores_weights_without_an_update(model0: Path) -> None:
             assert httpx.post(f"{s.url}{path}", json={}, headers=h, timeout=60).status_code == 200
         after = httpx.post(f"{s.url}/generate", json=body, timeout=60).json()["output_ids"]
         assert after == before
+
+
+async def test_handover_sends_in_the_engine_dtype(model0: Path, model1: Path) -> None:
+    env = {"SEARCHR1_INFERENCE__TORCH_ENGINE__DTYPE": "bfloat16"}
+    with InferenceServerProcess(model0, admin_token=TOKEN, env=env) as s:
+        async with InferenceClient(s.url, token=TOKEN, max_retries=0) as c:
+            tensors = load_file(str(model1 / "model.safetensors"))
+            fp32_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            stats = await HandoverSender([c]).push(tensors.items())
+            assert stats.bytes * 2 == fp32_bytes  # cast to bfloat16 before the copy
+            out = await c.generate(PROMPT, max_new_tokens=4, temperature=0)
+            assert out.weight_version == stats.weight_version == 1
