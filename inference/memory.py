@@ -224,11 +224,10 @@ class MemoryState:
     @torch.no_grad()
     def _free_weights(self) -> None:
         for p in self._unique_params():
-            if self.cpu_backup:
+            if self.cpu_backup:  # pinned on CUDA: the copy back at resume is fast
                 pin = self.device.type == "cuda"
-                self._backup[id(p)] = (
-                    p.data.to("cpu", copy=True).pin_memory() if pin else (p.data.clone())
-                )
+                backup = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin)
+                self._backup[id(p)] = backup.copy_(p.data)
             # Same Parameter object, storage gone: modules and ties keep pointing at it. (Not
             # `meta`: a Parameter cannot change device type; not `storage.resize_(0)`: weights
             # mapped from a safetensors file have a storage that cannot be resized.)

@@ -155,7 +155,12 @@ def opened(handover: Handover) -> Iterator[dict[str, torch.Tensor]]:
             mapped.close()
     else:
         flat = _rebuild_cuda(buf)
-        yield _views(flat, handover.tensors)
+        try:
+            yield _views(flat, handover.tensors)
+        finally:
+            # The copies out are queued on the stream: finished before the sender, told we
+            # are done by our answer, frees or reuses its buffer.
+            torch.cuda.synchronize(flat.device)
 
 
 def _views(flat: torch.Tensor, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
@@ -174,6 +179,10 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
 
     if not torch.cuda.is_available():
         raise ValueError("a cuda_ipc buffer was sent to an engine without CUDA")
+    if buf.size > buf.storage_size_bytes:
+        raise ValueError(
+            f"cuda_ipc buffer: size {buf.size} > storage_size_bytes {buf.storage_size_bytes}"
+        )
     device = buf.device
     if buf.device_uuid is not None:  # CUDA_VISIBLE_DEVICES may number the GPU differently here
         uuids = [
@@ -188,8 +197,9 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
         event = base64.b64decode(buf.event_handle, validate=True)
     except ValueError as e:
         raise ValueError(f"cuda_ipc buffer: bad base64 ({e})") from None
+    # TypedStorage: the storage class `reduce_tensor` records for a plain tensor.
     return rebuild_cuda_tensor(
-        torch.Tensor, (buf.size,), (1,), 0, torch.UntypedStorage, torch.uint8,
+        torch.Tensor, (buf.size,), (1,), 0, torch.storage.TypedStorage, torch.uint8,
         device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
         ref_handle, buf.ref_counter_offset, event, buf.event_sync_required,
     )  # fmt: skip
@@ -245,6 +255,7 @@ def _cuda_buffer(flat: torch.Tensor, size: int) -> CudaIpcBuffer:
     from torch.multiprocessing.reductions import reduce_tensor
 
     _, args = reduce_tensor(flat)
+    assert args[3] == 0, "a fresh buffer starts its storage"
     # (cls, size, stride, offset, storage_cls, dtype, device, handle, storage_size_bytes,
     #  storage_offset_bytes, requires_grad, ref_counter_handle, ref_counter_offset,
     #  event_handle, event_sync_required): torch's own layout of a shared CUDA tensor.

@@ -118,3 +118,17 @@ def test_description_is_validated_before_anything_is_opened() -> None:
             Handover.model_validate({**spec, "tensors": [{**spec["tensors"][0], "dtype": "obj"}]})
     finally:
         packed.close()
+
+
+def test_a_cuda_ipc_buffer_on_an_engine_without_cuda_is_refused() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for engines without it")
+    buffer = {
+        "kind": "cuda_ipc", "size": 16, "device": 0, "handle": "AA==",
+        "storage_size_bytes": 16, "storage_offset_bytes": 0, "ref_counter_handle": "AA==",
+        "ref_counter_offset": 0, "event_handle": "AA==", "event_sync_required": False,
+    }  # fmt: skip
+    spec = {"name": "a", "dtype": "float32", "shape": [4], "offset": 0}
+    handover = Handover.model_validate({"buffer": buffer, "tensors": [spec]})
+    with pytest.raises(ValueError, match="without CUDA"), opened(handover):
+        pass
