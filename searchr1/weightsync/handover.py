@@ -198,11 +198,14 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
     except ValueError as e:
         raise ValueError(f"cuda_ipc buffer: bad base64 ({e})") from None
     # TypedStorage: the storage class `reduce_tensor` records for a plain tensor.
-    return rebuild_cuda_tensor(
-        torch.Tensor, (buf.size,), (1,), 0, torch.storage.TypedStorage, torch.uint8,
-        device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
-        ref_handle, buf.ref_counter_offset, event, buf.event_sync_required,
-    )  # fmt: skip
+    try:
+        return rebuild_cuda_tensor(
+            torch.Tensor, (buf.size,), (1,), 0, torch.storage.TypedStorage, torch.uint8,
+            device, handle, buf.storage_size_bytes, buf.storage_offset_bytes, False,
+            ref_handle, buf.ref_counter_offset, event, buf.event_sync_required,
+        )  # fmt: skip
+    except RuntimeError as e:  # a stale or made-up handle: the sender's fault, a 400
+        raise ValueError(f"cuda_ipc buffer: cannot open the IPC handle ({e})") from None
 
 
 # ---- the sending side (the trainer) ----------------------------------------------------------
