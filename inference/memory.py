@@ -163,8 +163,8 @@ class MemoryState:
         paused: bool,
         session_open: bool = False,
     ) -> None:
-        tags = normalize_tags(tags)
         try:
+            tags = normalize_tags(tags)
             again = sorted(set(tags) & self.released)
             if again:
                 raise ValueError(f"tags: {again} already released")
@@ -200,11 +200,14 @@ class MemoryState:
         )
 
     def resume(self, tags: list[str] | None) -> None:
-        tags = normalize_tags(tags)
-        missing = sorted(set(tags) - self.released)
-        if missing:
+        try:
+            tags = normalize_tags(tags)
+            missing = sorted(set(tags) - self.released)
+            if missing:
+                raise ValueError(f"tags: {missing} not released")
+        except ValueError:
             MEMORY_CALLS.labels("resume", "rejected").inc()
-            raise ValueError(f"tags: {missing} not released")
+            raise
         if WEIGHTS in tags:
             self._allocate_weights()
         self.released.difference_update(tags)

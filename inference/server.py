@@ -176,6 +176,7 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         return f"{engine.model_path} v{engine.weight_version} ({memory})"
 
     app = create_service_app("inference", ready_checks={"model": model_loaded}, lifespan=lifespan)
+    REJECTED.labels("memory_released")  # at 0 from start-up
     admin = [Depends(require_token(admin_token))]
 
     @app.post("/generate")
@@ -198,7 +199,10 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
             raise HTTPException(400, str(e)) from None
         except EngineOverloaded as e:
             raise HTTPException(429, str(e)) from None
-        except (EngineStopped, MemoryReleased) as e:
+        except EngineStopped as e:
+            raise HTTPException(503, str(e)) from None
+        except MemoryReleased as e:
+            REJECTED.labels("memory_released").inc()
             raise HTTPException(503, str(e)) from None
         rid = req.rid or ""
         return JSONResponse(

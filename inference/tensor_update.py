@@ -26,8 +26,20 @@ from searchr1.weightsync.receiver import WEIGHT_UPDATES, WeightLoader
 log = logging.getLogger(__name__)
 
 
+for _outcome in ("ok", "rejected"):  # at 0 from start-up
+    WEIGHT_UPDATES.labels("tensor", _outcome)
+
+
 def parse_handover(serialized: list[str], load_format: str | None) -> Handover:
-    """The one rank's description; ValueError naming the field otherwise."""
+    """The one rank's description; ValueError naming the field otherwise (counted)."""
+    try:
+        return _parse(serialized, load_format)
+    except ValueError:
+        WEIGHT_UPDATES.labels("tensor", "rejected").inc()
+        raise
+
+
+def _parse(serialized: list[str], load_format: str | None) -> Handover:
     if load_format != LOAD_FORMAT:
         raise ValueError(
             f"load_format {load_format!r} is not accepted: this engine never unpickles data from "

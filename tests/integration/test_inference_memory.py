@@ -14,6 +14,7 @@ import httpx
 import psutil
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
 from harness.inference_server import InferenceServerProcess
@@ -50,12 +51,16 @@ async def client(server: InferenceServerProcess) -> AsyncIterator[InferenceClien
     await c.aclose()
 
 
-def metric(url: str, name: str, label: str = "") -> float:
+def metric(url: str, name: str, labels: str = "") -> float:
+    """The sample `name{labels}` of the engine's /metrics (`labels`: 'a="x",b="y"')."""
+    want = dict(kv.split("=", 1) for kv in labels.split(",")) if labels else {}
+    want = {k: v.strip('"') for k, v in want.items()}
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(name + (f"{{{label}}}" if label else " ")):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name}{{{label}}} not exported")
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items()):
+                return float(sample.value)
+    raise AssertionError(f"{name}{{{labels}}} not exported")
 
 
 def teacher_forced(model_dir: Path, out_ids: list[int]) -> list[float]:
@@ -211,3 +216,26 @@ async def test_handover_sends_in_the_engine_dtype(model0: Path, model1: Path) ->
             assert stats.bytes * 2 == fp32_bytes  # cast to bfloat16 before the copy
             out = await c.generate(PROMPT, max_new_tokens=4, temperature=0)
             assert out.weight_version == stats.weight_version == 1
+
+
+async def test_refusals_are_counted(
+    client: InferenceClient, server: InferenceServerProcess
+) -> None:
+    counters = {
+        "tensor": ("searchr1_inference_weight_updates_total", 'source="tensor",outcome="rejected"'),
+        "release": ("searchr1_inference_memory_calls_total", 'call="release",outcome="rejected"'),
+        "generate": ("searchr1_inference_rejected_total", 'reason="memory_released"'),
+    }
+    before = {k: metric(server.url, *v) for k, v in counters.items()}
+    body = {"serialized_named_tensors": ["gASVAAAAAAAAAAA="]}
+    assert (await raw(server.url, "/update_weights_from_tensor", body)).status_code == 400
+    r = await raw(server.url, "/release_memory_occupation", {"tags": ["gpu"]})
+    assert r.status_code == 400
+    await client.release_memory_occupation(["kv_cache"])
+    try:
+        with pytest.raises(InferenceUnavailable):
+            await client.generate(PROMPT, max_new_tokens=2)
+    finally:
+        await client.resume_memory_occupation(["kv_cache"])
+    after = {k: metric(server.url, *v) for k, v in counters.items()}
+    assert {k: after[k] - before[k] for k in counters} == {k: 1 for k in counters}
