@@ -203,7 +203,7 @@ def configs(
             "weight_push": {
                 "mode": "distributed",
                 "engine_urls": [urls["engine"]],
-                "master_port": next(PORTS),
+                "master_port": 0,  # a free one, taken at the first push
                 "backend": "gloo",
                 "resync_check_s": 3600,
             },
@@ -228,8 +228,6 @@ def run_mode(
     jsonl = Path(trainer_cfg["trainer"]["metrics_jsonl"])
     cost = json.dumps({"gpus": split[1], "time_scale": scale})
     log = tmp / f"{shape.name}-{mode}-trainer.log"
-    for old in tmp.glob(f"{shape.name}-{mode}-*.log"):
-        old.unlink()  # a rerun of the mode (PortTaken) starts with fresh logs
     procs = [
         start([py, "-m", "stack.cli", "trainer", "run", "--config", str(tcfg)], log,
               {"SEARCHR1_SIM_TRAINER": cost})
@@ -255,8 +253,6 @@ def run_mode(
                 seen += 1
             if procs[0].poll() is not None and seen == len(lines):
                 break
-            if "failed to listen" in log.read_text():
-                raise PortTaken(f"{mode}: the trainer's weight-push port is taken")
             for i, p in enumerate(procs[1:]):
                 if p.poll() not in (None, 0):
                     raise RuntimeError(f"{mode}: orchestrator {i} exited {p.returncode}")
@@ -288,12 +284,6 @@ def forget(redis_url: str, run_id: str) -> None:
             client.delete(*keys[i : i + 500])
     finally:
         client.close()
-
-
-class PortTaken(RuntimeError):
-    """The trainer's weight-push port (bound at its first push) was taken meanwhile: 39000-39499
-    lies in Linux's ephemeral range, and the orchestrator's thousands of client connections
-    may get it as their local port. The mode is run again on other ports."""
 
 
 def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
@@ -370,11 +360,7 @@ def run_shape(
                 sims, urls = start_sims(shape, mode_split[0], scale, cost, args, paths)
                 running = mode_split
             t0 = time.monotonic()
-            try:
-                r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
-            except PortTaken as e:
-                print(f"{e}; running the mode again on other ports")
-                r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
+            r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
             r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, shape.samples,
                               mode_split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
             results[mode] = r

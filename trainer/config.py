@@ -162,7 +162,14 @@ class WeightPushConfig(Section):
     every_steps: int = Field(default=1, ge=1)
     engine_urls: list[str] = Field(default_factory=list)
     master_addr: str = "127.0.0.1"
-    master_port: int = Field(default=29600, ge=1, le=65535)
+    master_port: int = Field(
+        default=29600,
+        ge=0,
+        le=65535,
+        description="The weight group's rendezvous port on master_addr; 0: a free one, chosen "
+        "at the first push and sent to the engines in the join (a fixed port is what a "
+        "network policy can allow).",
+    )
     backend: str = Field(default="gloo", pattern="^(gloo|nccl)$")
     bucket_bytes: int = Field(default=256 << 20, ge=1)
     dtype: str | None = Field(

@@ -109,6 +109,9 @@ class WeightSender:
         self.group_name = f"{self.base_group_name}-{secrets.token_hex(4)}"
         if self._store is None:
             self._store = host_store(self.master_addr, self.master_port, self.timeout_s)
+            # master_port 0: the OS chose a free port; the engines learn it from the join.
+            # (A fixed port can be taken meanwhile by any process's outgoing connection.)
+            self.master_port = int(self._store.port)
         host = _in_daemon_thread(
             functools.partial(
                 new_weight_group,

@@ -92,8 +92,11 @@ async def test_push_over_gloo_changes_outputs_and_bumps_version(
 
 async def push_in_process(url: str, tensors: dict[str, torch.Tensor]) -> None:
     engines = [InferenceClient(url, token=TOKEN)]
-    sender = WeightSender(engines, master_port=free_port(), bucket_bytes=1 << 20)
+    # Port 0: the sender takes a free port and tells the engines in the join (a port picked
+    # free beforehand can be taken before the sender binds it).
+    sender = WeightSender(engines, master_port=0, bucket_bytes=1 << 20)
     await sender.connect()
+    assert sender.master_port > 0
     try:
         await sender.push(tensors.items())
     finally:
