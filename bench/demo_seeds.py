@@ -2,6 +2,7 @@
 without dynamic sampling, on one world and one warm start.
 
     python -m bench.demo_seeds [--seeds 1,2,3,4,5] [--modes plain,dynamic] [--out runs/seeds]
+    python -m bench.demo_seeds --quick --seeds 1 --modes plain      # smallest: one quick demo
 
 Each run is `searchr1 demo --train-seed S [--dynamic-sampling] --warm-start-from <first run>`
 (the warm start is deterministic per world seed, so it is computed once), one at a time. A run
@@ -25,7 +26,9 @@ from stack.demo import summary_row
 GOAL_EM = 0.9
 
 
-def run(out: Path, seed: int, dynamic: bool, warm_from: Path | None) -> dict[str, float]:
+def run(
+    out: Path, seed: int, dynamic: bool, warm_from: Path | None, quick: bool = False
+) -> dict[str, float]:
     if not (out / "eval_after.json").exists():
         cmd = [
             sys.executable,
@@ -39,6 +42,8 @@ def run(out: Path, seed: int, dynamic: bool, warm_from: Path | None) -> dict[str
         ]
         if dynamic:
             cmd.append("--dynamic-sampling")
+        if quick:
+            cmd.append("--quick")
         if warm_from is not None:
             cmd += ["--warm-start-from", str(warm_from)]
         start = time.monotonic()
@@ -54,6 +59,11 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--modes", default="plain,dynamic")
     ap.add_argument("--out", type=Path, default=Path("runs/seeds"))
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the quick demo's world, warm start and 2 steps per run (a smoke run, minutes)",
+    )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
@@ -64,7 +74,7 @@ def main() -> None:
     for seed in seeds:  # seeds outermost: a stopped sweep still has both modes per seed
         for mode in modes:
             out = (args.out / f"{mode}-seed{seed}").resolve()
-            result = run(out, seed, mode == "dynamic", warm_from)
+            result = run(out, seed, mode == "dynamic", warm_from, args.quick)
             warm_from = warm_from or out
             em[mode][seed] = result["em"]
             print(f"seed={seed} mode={mode} em_after={result['em']:.3f}", flush=True)
