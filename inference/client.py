@@ -400,6 +400,14 @@ class InferenceClient:
         info["workers_answered"] = len(infos)
         return info
 
+    async def health(self, deadline_s: float) -> bool:
+        """`/health` answered within `deadline_s` (one attempt): the process is not frozen."""
+        try:
+            await self._request("GET", "/health", retries=0, deadline_s=deadline_s)
+        except InferenceError:
+            return False
+        return True
+
     async def health_generate(self) -> bool:
         try:
             await self._request("GET", "/health_generate", retries=0)

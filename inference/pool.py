@@ -14,6 +14,12 @@ run with two engines) and wherever every engine must be asked (weight versions):
   retries) is skipped for `retry_down_s`, then tried again; its keys move to the least-loaded
   engine that is up, where they stay. The failed call is the caller's to retry (the
   orchestrator's rollout does), and its retry lands on the new engine.
+- **Frozen engines.** With `probe_s` set, every engine's `/health` is asked every `probe_s`
+  seconds, each answer due within `probe_timeout_s`. An engine that misses `probe_misses` in a
+  row is frozen (a GC pause, a stuck CUDA call, SIGSTOP: its connections stay open and nothing
+  answers, so no call fails by itself before its own long deadline): it is avoided until a probe
+  is answered again, and its calls in flight are given up at once as unavailable, so their
+  callers retry them on an engine that answers.
 - **Saturation.** With `spill_at_in_flight` set (an engine's `--max-running-requests`), a call
   whose engine already runs that many goes to the least-loaded one instead, without moving its
   key: one turn re-prefills rather than waits in a queue.
@@ -25,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from prometheus_client import Counter, Gauge
 
@@ -45,6 +52,13 @@ IN_FLIGHT = Gauge("searchr1_inference_pool_in_flight", "Calls in flight per engi
 DOWN = Counter(
     "searchr1_inference_pool_engine_down_total", "Times an engine was marked down", ["engine"]
 )
+FROZEN = Counter(
+    "searchr1_inference_pool_engine_frozen_total",
+    "Times an engine stopped answering its health probe (its calls in flight given up)",
+    ["engine"],
+)
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,9 +68,12 @@ class PooledEngine:
     in_flight: int = 0
     keys: int = 0  # routing keys pinned here
     down_until: float = 0.0  # monotonic time; up when in the past
+    misses: int = 0  # health probes unanswered in a row
+    frozen: bool = False  # missed probe_misses probes; up again at its next answer
+    calls: set[asyncio.Future[Any]] = field(default_factory=set)  # in flight (probing only)
 
     def is_up(self, now: float) -> bool:
-        return now >= self.down_until
+        return now >= self.down_until and not self.frozen
 
 
 class EnginePool:
@@ -68,6 +85,9 @@ class EnginePool:
         spill_at_in_flight: int | None = None,
         retry_down_s: float = 5.0,
         max_keys: int = 65536,
+        probe_s: float | None = None,
+        probe_timeout_s: float = 5.0,
+        probe_misses: int = 2,
     ) -> None:
         if not urls:
             raise ValueError("EnginePool needs at least one engine URL")
@@ -80,6 +100,12 @@ class EnginePool:
         self.max_keys = max_keys
         self._key_engine: OrderedDict[str, PooledEngine] = OrderedDict()  # LRU order
         self._turn = itertools.count()  # breaks ties between equally loaded engines
+        self.probe_s, self.probe_timeout_s, self.probe_misses = (
+            probe_s,
+            probe_timeout_s,
+            probe_misses,
+        )
+        self._prober: asyncio.Task[None] | None = None
 
     @property
     def vocab_size(self) -> int | None:
@@ -139,7 +165,9 @@ class EnginePool:
         engine.in_flight += 1
         IN_FLIGHT.labels(engine.url).inc()
         try:
-            return await engine.client.generate(input_ids, routing_key=routing_key, **kwargs)
+            return await self._call(
+                engine, engine.client.generate(input_ids, routing_key=routing_key, **kwargs)
+            )
         except InferenceUnavailable:
             self.mark_down(engine)
             raise
@@ -150,12 +178,13 @@ class EnginePool:
     async def get_model_info(self) -> dict[str, Any]:
         """The first engine's model info, with the oldest weight version among the engines
         that answer; unavailable only when none does."""
+        asked = [e for e in self.engines if not e.frozen] or self.engines
         answers = await asyncio.gather(
-            *(e.client.get_model_info() for e in self.engines), return_exceptions=True
+            *(self._call(e, e.client.get_model_info()) for e in asked), return_exceptions=True
         )
         infos: list[dict[str, Any]] = []
-        failed: list[str] = []
-        for engine, answer in zip(self.engines, answers, strict=True):
+        failed: list[str] = [f"{e.url}: frozen" for e in self.engines if e not in asked]
+        for engine, answer in zip(asked, answers, strict=True):
             if isinstance(answer, InferenceUnavailable):
                 self.mark_down(engine)
                 failed.append(f"{engine.url}: {answer}")
@@ -170,6 +199,50 @@ class EnginePool:
         info["engines_answered"] = len(infos)
         return info
 
+    async def _call(self, engine: PooledEngine, call: Awaitable[T]) -> T:
+        """`call` on `engine`; given up as unavailable if the engine freezes meanwhile."""
+        if self.probe_s is None:
+            return await call
+        if self._prober is None:
+            self._prober = asyncio.create_task(self._probe_forever())
+        future = asyncio.ensure_future(call)
+        engine.calls.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if engine.frozen and not (task is not None and task.cancelling()):
+                raise InferenceUnavailable(f"{engine.url}: stopped answering /health") from None
+            raise  # our caller was cancelled
+        finally:
+            engine.calls.discard(future)
+
+    async def _probe_forever(self) -> None:
+        assert self.probe_s is not None
+        while True:
+            await asyncio.gather(*(self._probe(e) for e in self.engines))
+            await asyncio.sleep(self.probe_s)
+
+    async def _probe(self, engine: PooledEngine) -> None:
+        if await engine.client.health(self.probe_timeout_s):
+            if engine.frozen:
+                log.warning("engine answers again", extra={"engine": engine.url})
+            engine.misses, engine.frozen = 0, False
+            return
+        engine.misses += 1
+        if engine.misses >= self.probe_misses and not engine.frozen:
+            engine.frozen = True
+            FROZEN.labels(engine.url).inc()
+            log.warning(
+                "engine frozen: avoided until it answers, its calls in flight given up",
+                extra={"engine": engine.url, "misses": engine.misses, "calls": len(engine.calls)},
+            )
+            for future in list(engine.calls):
+                future.cancel()
+
     async def aclose(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
         for engine in self.engines:
             await engine.client.aclose()

@@ -313,6 +313,15 @@ class OrchestratorConfig(Section):
         description="With engine_urls: a call whose engine already runs this many (its "
         "--max-running-requests) goes to the least-loaded engine instead. None: never.",
     )
+    engine_probe_s: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="With engine_urls: every engine's /health is asked this often; one that "
+        "misses engine_probe_misses answers in a row (each due within engine_probe_timeout_s) "
+        "is frozen: avoided until it answers, its calls in flight retried elsewhere. None: off.",
+    )
+    engine_probe_timeout_s: float = Field(default=5.0, gt=0)
+    engine_probe_misses: int = Field(default=2, ge=1)
     tokenizer_path: str | None = Field(
         default=None, description="Default: the engine's model_path (from /get_model_info)."
     )

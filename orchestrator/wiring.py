@@ -68,7 +68,14 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
         )
 
     engine: InferenceClient | EnginePool = (
-        EnginePool(cfg.engine_urls, engine_client, spill_at_in_flight=cfg.engine_spill_at_in_flight)
+        EnginePool(
+            cfg.engine_urls,
+            engine_client,
+            spill_at_in_flight=cfg.engine_spill_at_in_flight,
+            probe_s=cfg.engine_probe_s,
+            probe_timeout_s=cfg.engine_probe_timeout_s,
+            probe_misses=cfg.engine_probe_misses,
+        )
         if cfg.engine_urls
         else engine_client(cfg.engine_url)
     )

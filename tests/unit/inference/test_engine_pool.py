@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from inference.client import GenerateResult, InferenceClient, InferenceUnavailable
-from inference.pool import EnginePool
+from inference.pool import FROZEN, EnginePool
 
 
 def result(engine: str) -> GenerateResult:
@@ -31,16 +31,27 @@ class FakeEngine:
         self.calls: list[dict[str, Any]] = []
         self.hold: asyncio.Event | None = None
         self.vocab_size: int | None = None
+        self.thawed = asyncio.Event()  # cleared: frozen (SIGSTOP): nothing answers
+        self.thawed.set()
 
     async def generate(self, input_ids: list[int], **kwargs: Any) -> GenerateResult:
         self.calls.append(kwargs)
+        await self.thawed.wait()
         if self.hold is not None:
             await self.hold.wait()
         if self.down:
             raise InferenceUnavailable(f"{self.url} is down")
         return result(self.url)
 
+    async def health(self, deadline_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self.thawed.wait(), deadline_s)
+        except TimeoutError:
+            return False
+        return True
+
     async def get_model_info(self) -> dict[str, Any]:
+        await self.thawed.wait()
         if self.down:
             raise InferenceUnavailable(f"{self.url} is down")
         return {"model_path": "m", "weight_version": self.version}
@@ -177,3 +188,39 @@ async def test_the_client_sends_the_routing_key_as_sglang_routers_header() -> No
     assert seen[0].headers["content-type"] == "application/json"
     assert "x-smg-routing-key" not in seen[1].headers
     assert got.cached_tokens == 5
+
+
+async def test_a_frozen_engine_is_avoided_and_its_calls_given_up() -> None:
+    """Frozen (SIGSTOP, a stuck CUDA call): its connections stay open and nothing answers, so
+    no call fails by itself; the health probe notices, the calls in flight are given up as
+    unavailable (their callers retry elsewhere), and the engine is used again once it answers."""
+    p, fakes = pool(2, probe_s=0.01, probe_timeout_s=0.05, probe_misses=2)
+    frozen = fakes["http://e0"]
+    assert (await p.generate([1], routing_key="a")).text == "http://e0"
+    before = FROZEN.labels("http://e0")._value.get()
+    frozen.thawed.clear()
+    with pytest.raises(InferenceUnavailable, match="stopped answering"):
+        await asyncio.wait_for(p.generate([1], routing_key="a"), 5)
+    assert FROZEN.labels("http://e0")._value.get() == before + 1
+    assert (await p.generate([1], routing_key="a")).text == "http://e1"  # the key moved
+    assert (await asyncio.wait_for(p.get_model_info(), 5))["engines_answered"] == 1
+    frozen.thawed.set()
+    for _ in range(500):  # the next probe answered
+        if p.engines[0].is_up(time.monotonic()):
+            break
+        await asyncio.sleep(0.01)
+    assert p.engines[0].is_up(time.monotonic())
+    assert (await p.generate([1], routing_key="b")).text == "http://e0"  # new keys fill it
+    await p.aclose()
+
+
+async def test_a_cancelled_caller_is_cancelled_not_unavailable() -> None:
+    p, fakes = pool(1, probe_s=0.01, probe_timeout_s=1.0)
+    fakes["http://e0"].hold = asyncio.Event()
+    call = asyncio.create_task(p.generate([1]))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert not p.engines[0].calls
+    await p.aclose()
