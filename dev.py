@@ -203,9 +203,9 @@ def ensure_chromium() -> None:
 
 def ensure_prometheus() -> None:
     """Debian's prometheus (`prometheus` 2.42 and `promtool`) for the alert rules' promtool
-    tests (tests/unit/deploy/test_alerts.py) and the real-Prometheus test
-    (tests/integration/test_prometheus_stack.py): installed with apt when missing and running
-    as root (CI is). Without it those tests skip, saying why."""
+    tests (tests/unit/deploy/test_alerts.py) and the real-Prometheus tests
+    (tests/integration/test_prometheus_*.py): installed with apt when missing and running as
+    root (CI is). Without it those tests skip, saying why."""
     if shutil.which("promtool") and shutil.which("prometheus"):
         return
     if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
@@ -253,6 +253,7 @@ def run_slow_tests(args: list[str]) -> int:
 def run_sglang_tests(args: list[str]) -> int:
     """Every `sglang`-marked test, against real SGLang servers (the tests start and stop them
     on tiny models with the interpreter of `.venv-sglang`). Never skips: a missing SGLang fails."""
+    ensure_prometheus()  # the router row of the dashboard, read through a real Prometheus
     env = _env()
     env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())
     cmd = [str(_bin("python")), "-m", "pytest", "-m", "sglang", "-p", "no:cacheprovider", *args]
