@@ -400,6 +400,12 @@ def last_line(name: str, results: dict[str, ModeResult], least_ideal_s: float) -
     assert best.bounds is not None
     ideal = best.bounds.ideal_s
     speedup = sync.step_s / best.step_s if sync and asyncs else float("nan")
+    # Sync's own bound: its measured rollout (long tail included), then train + push.
+    sync_bound = (
+        sync.rollout_step_s + sync.bounds.trainer_s
+        if sync is not None and sync.bounds is not None
+        else float("nan")
+    )
     colocated = results.get("colocated")
     extra = (
         f" colocated_step_s={colocated.step_s:.2f} "
@@ -414,6 +420,8 @@ def last_line(name: str, results: dict[str, ModeResult], least_ideal_s: float) -
         f"ideal_step_s={ideal:.2f} efficiency={ideal / best.step_s:.2f} "
         f"least_ideal_step_s={least_ideal_s:.2f} "
         f"efficiency_any_split={least_ideal_s / best.step_s:.2f} "
+        f"sync_bound_s={sync_bound:.2f} "
+        f"sync_vs_bound={(sync.step_s if sync else float('nan')) / sync_bound:.2f} "
         f"shape={name} async_mode={best.mode}{extra}"
     )
 

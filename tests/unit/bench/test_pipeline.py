@@ -180,9 +180,15 @@ def test_the_summary_of_a_run() -> None:
     assert r.push_s == pytest.approx(0.5)
     r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, 8, (2, 6),
                       EngineCost(), 6879.0)  # fmt: skip
+    r.rollout_step_s = 3.0
     line = last_line("tiny", {"sync": r, "async1": r}, 1.0)
     assert "colocated_step_s=" in last_line("tiny", {"colocated": r}, 1.0)  # alone, too
     keys = [kv.split("=")[0] for kv in line.split()]
+    values = dict(kv.split("=") for kv in line.split())
+    # sync's bound: its measured rollout step (tail included) plus train and push
+    bound = r.rollout_step_s + r.bounds.trainer_s
+    assert float(values["sync_bound_s"]) == pytest.approx(bound, abs=0.01)
+    assert float(values["sync_vs_bound"]) == pytest.approx(r.step_s / bound, abs=0.01)
     assert keys[:7] == [
         "sync_step_s", "async_step_s", "speedup", "engine_busy", "trainer_busy", "ideal_step_s",
         "efficiency",
