@@ -224,6 +224,7 @@ class Packed:
             offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
         self.nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
         self._shm: shared_memory.SharedMemory | None = None
+        self._flat: torch.Tensor | None = None  # the CUDA buffer
         if device.type == "cuda":
             self._flat = torch.empty(max(offset, 1), dtype=torch.uint8, device=device)
             flat: torch.Tensor = self._flat
@@ -251,7 +252,10 @@ class Packed:
             self._shm.close()
             self._shm.unlink()
             self._shm = None
-        self._flat = None
+        if self._flat is not None:
+            self._flat = None
+            # Blocks shared over IPC are freed only once their consumers let go: collect now.
+            torch.cuda.ipc_collect()
 
 
 def _cuda_buffer(flat: torch.Tensor, size: int) -> CudaIpcBuffer:
@@ -274,22 +278,28 @@ def _cuda_buffer(flat: torch.Tensor, size: int) -> CudaIpcBuffer:
 def sglang_serialized(bucket: list[tuple[str, torch.Tensor]], tp_size: int = 1) -> list[str]:
     """SGLang's own format (its `MultiprocessingSerializer.serialize(.., output_str=True)`):
     a ForkingPickler pickle of `[(name, tensor)]`, base64, one per TP rank. For SGLang only:
-    our engine refuses it."""
+    our engine refuses it. Each rank gets its own pickle: a CUDA handle's reference count is per
+    pickle, and a rank opening another's copy breaks it (SGLang's `deserialize_own_rank`). With
+    TP > 1 on GPU every rank then maps this process's GPU memory; slime instead gathers each
+    rank's handle from the trainer rank on that rank's GPU (the colocated launcher's job)."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing as tmp
 
-    out = io.BytesIO()
     # CPU tensors as named shared-memory files (torch_shm_manager), which any process on the
     # host can open; the default (file descriptors) needs the multiprocessing authkey that an
     # unrelated server does not share. CUDA tensors are IPC handles either way.
     strategy = tmp.get_sharing_strategy()
     tmp.set_sharing_strategy("file_system")
     try:
-        ForkingPickler(out).dump(list(bucket))
+        pickles = []
+        for _ in range(tp_size):
+            out = io.BytesIO()
+            ForkingPickler(out).dump(list(bucket))
+            pickles.append(_b64(out.getvalue()))
     finally:
         tmp.set_sharing_strategy(strategy)
-    return [_b64(out.getvalue())] * tp_size
+    return pickles
 
 
 class TensorEngine(Protocol):
