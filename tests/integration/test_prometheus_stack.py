@@ -123,6 +123,7 @@ class Run:
     targets: dict[str, str]  # service -> host:port
     at: float  # the instant every query is evaluated at (the stack running, STEPS trained)
     stack_log: Path
+    log_dir: Path  # one log per service
 
 
 def write_stack(tmp: Path, retriever_url: str, policy: Path) -> tuple[Path, dict[str, int]]:
@@ -228,7 +229,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Itera
         # A held-out evaluation has finished, and every target was scraped after it.
         prom.wait_for("searchr1_eval_score", bool, timeout_s=120, alive=alive)
         time.sleep(3)
-        yield Run(prom, targets, time.time(), log)
+        yield Run(prom, targets, time.time(), log, tmp / "logs")
     finally:
         if stack is not None and stack.poll() is None:
             os.killpg(stack.pid, signal.SIGTERM)
@@ -284,3 +285,12 @@ def test_alert_rule_is_healthy_silent_and_has_its_inputs(run: Run, rule: dict[st
     assert not run.prom.query(rule["expr"], at=run.at), "fires on a healthy run"
     for part in rule_inputs(rule["expr"]):
         assert run.prom.query(part, at=run.at), f"`{part}` is empty: the rule can never fire"
+
+
+def test_no_service_warns_of_deprecations(run: Run) -> None:
+    """transformers' "`past_key_values` ... will be removed in version 5.40.0" used to be in
+    every engine log (issue 33); no service log has a FutureWarning or DeprecationWarning."""
+    for log in sorted(run.log_dir.glob("*.log")):
+        text = log.read_text(errors="replace")
+        for warning in ("FutureWarning", "DeprecationWarning", "past_key_values"):
+            assert warning not in text, f"{log.name}: {warning}"
