@@ -72,6 +72,8 @@ def router_command(cfg: InferenceConfig, worker_urls: list[str]) -> list[str]:
         "--worker-urls", *worker_urls,
         "--host", cfg.http.host,
         "--port", str(cfg.http.port),
+        # Its metrics server binds 0.0.0.0 by default, whatever --host says: where it listens.
+        "--prometheus-host", cfg.http.host,
         "--policy", s.router_policy,
     ]  # fmt: skip
     if s.router_policy == "manual":

@@ -9,6 +9,8 @@ output beyond its missing help texts (sglang-router exports none; upstream, not 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,28 @@ def router_exprs() -> list[tuple[str, str]]:
 class Routed:
     prom: PrometheusProcess
     metrics_url: str
+    router_pid: int
+
+
+def listening(pid: int) -> set[str]:
+    """ "address:port" of every TCP socket `pid` listens on (from /proc, IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd) if fd.is_symlink() else ""
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = fields[1].split(":")
+            packed = bytes.fromhex(raw)
+            # /proc writes each 32-bit word of the address in host (little-endian) order
+            packed = b"".join(packed[i : i + 4][::-1] for i in range(0, len(packed), 4))
+            out.add(f"{socket.inet_ntop(family, packed)}:{int(port, 16)}")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +94,12 @@ def routed(tiny_model_dir: Path) -> Iterator[Routed]:
         InferenceServerProcess(tiny_model_dir) as b,
     ):
         command = router_command(cfg, [a.url, b.url])
-        command += ["--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1"]
+        command += ["--prometheus-port", str(metrics_port)]  # its host: the router's (ours)
         spec = ServiceSpec(
             "router", command, ready_url=f"http://127.0.0.1:{port}/health", ready_timeout_s=60
         )
         with (
-            ServiceProcess(spec),
+            ServiceProcess(spec) as router,
             PrometheusProcess({"router": [f"127.0.0.1:{metrics_port}"]}) as prom,
         ):
             for _ in range(4):  # round robin: both engines
@@ -88,7 +112,7 @@ def routed(tiny_model_dir: Path) -> Iterator[Routed]:
             # Scraped after the last call, and often enough for rate() over 5 minutes.
             prom.wait_for("sum(smg_router_requests_total) >= 4", bool, timeout_s=60)
             prom.wait_for("count_over_time(up[1m]) >= 3", bool, timeout_s=60)
-            yield Routed(prom, f"http://127.0.0.1:{metrics_port}/metrics")
+            yield Routed(prom, f"http://127.0.0.1:{metrics_port}/metrics", router.proc.pid)
 
 
 def test_the_router_row_is_the_one_checked() -> None:
@@ -98,6 +122,13 @@ def test_the_router_row_is_the_one_checked() -> None:
 @pytest.mark.parametrize(("title", "expr"), router_exprs())
 def test_router_expression_has_data(routed: Routed, title: str, expr: str) -> None:
     assert routed.prom.query(expr), f"{title}: `{expr}` is empty (Grafana: No data)"
+
+
+def test_the_launchers_router_listens_on_loopback_only(routed: Routed) -> None:
+    """Our launcher's command line: the proxy and its metrics on the configured host, here
+    loopback (sglang-router 0.3.2 put its metrics on 0.0.0.0:29000 unless told otherwise)."""
+    found = listening(routed.router_pid)
+    assert found and all(a.startswith(("127.0.0.1:", "::1:")) for a in found), found
 
 
 def test_router_metrics_pass_promtool_but_for_help_texts(routed: Routed) -> None:
