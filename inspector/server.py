@@ -158,6 +158,7 @@ def create_app(run_dir: Path, cfg: InspectorConfig | None = None) -> FastAPI:
                 }
             ),
             passages=views.passages,
+            arguments_text=views.arguments_text,
         )
 
     @app.get("/compare", response_class=HTMLResponse)

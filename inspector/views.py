@@ -112,6 +112,14 @@ def passages(observation: str) -> list[str]:
     return docs or [body]
 
 
+def arguments_text(arguments_json: str) -> str:
+    """A call's arguments as one line of JSON (as the policy wrote them when not JSON)."""
+    try:
+        return json.dumps(json.loads(arguments_json), ensure_ascii=False)
+    except (json.JSONDecodeError, TypeError):
+        return arguments_json
+
+
 def advantages(rewards: list[float]) -> list[float]:
     """GRPO's group-normalized advantage, (r - mean) / (std + 1e-6) with the unbiased std, as
     the trainer computes it by default (recomputed here: the trainer does not log it)."""

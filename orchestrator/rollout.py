@@ -21,6 +21,7 @@ Action formats (`rollout.action_format`): `search_r1`, the tags above (one tool,
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -40,7 +41,7 @@ from orchestrator.observation import (
     tokenize_observation,
 )
 from orchestrator.prompt import prompt_token_ids
-from orchestrator.sample import Sample, Status, TurnRecord
+from orchestrator.sample import Sample, Status, ToolCallRecord, TurnRecord
 from orchestrator.search import SearchTool
 from orchestrator.tools.function_calling import ParsedCall, ToolTurns, parse_tool_calls, truncate
 from orchestrator.tools.metrics import TOOL_CALLS
@@ -399,5 +400,16 @@ class Rollout:
             sample.infrastructure_failure = True  # a tool failed, not the policy
         cap = self.cfg.observation_max_tokens
         results = [(o.name, truncate(self.tokenizer, o.text, cap)) for o in outcomes]
+        turn.tool_calls = [
+            ToolCallRecord(
+                o.name,
+                json.dumps(o.arguments, ensure_ascii=False),
+                read,
+                o.error,
+                o.latency_s,
+                o.attempts,
+            )
+            for o, (_, read) in zip(outcomes, results, strict=True)
+        ]
         obs_text = self.tool_turns.text(text, results)
         return Observation(obs_text, self.tokenizer.encode(obs_text, add_special_tokens=False))

@@ -110,6 +110,17 @@ def trajectory_row(
             "engine_finish_reason": t.engine_finish_reason,
             "weight_version": t.weight_version,
             "cached_tokens": t.cached_tokens,
+            "tool_calls": [
+                {
+                    "name": c.name,
+                    "arguments_json": c.arguments_json,
+                    "result": c.result,
+                    "error": c.error,
+                    "latency_s": c.latency_s,
+                    "attempts": c.attempts,
+                }
+                for c in t.tool_calls
+            ],
         }
         for t in traj.turns
     ]

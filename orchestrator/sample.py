@@ -29,9 +29,21 @@ class Status(StrEnum):
 
 
 @dataclass
+class ToolCallRecord:
+    """One call of a function-calling turn: what the policy asked for and what it read back."""
+
+    name: str  # as the policy wrote it ("" when the block could not be read)
+    arguments_json: str  # the arguments as JSON ("null" when there were none)
+    result: str = ""  # the text the policy read: the result or the error observation
+    error: str = ""  # why the call failed, if it did
+    latency_s: float = 0.0
+    attempts: int = 0  # 0: never sent to the tool (malformed, unknown, bad arguments)
+
+
+@dataclass
 class TurnRecord:
     index: int
-    action: str  # search | answer | invalid | none
+    action: str  # search | tool | answer | invalid | none
     query: str = ""
     doc_ids: list[str] = field(default_factory=list)
     tool_latency_s: float = 0.0
@@ -43,6 +55,7 @@ class TurnRecord:
     engine_finish_reason: str = ""
     weight_version: int = 0
     cached_tokens: int = 0  # input tokens the engine served from its prefix cache
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)  # function calling
 
 
 @dataclass

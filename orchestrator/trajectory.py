@@ -8,6 +8,7 @@ from protos.trajectory import (
     FinishReason,
     Reward,
     Timings,
+    ToolCall,
     Trajectory,
     Turn,
     validate,
@@ -57,6 +58,17 @@ def to_trajectory(s: Sample) -> Trajectory:
                 engine_finish_reason=t.engine_finish_reason,
                 weight_version=t.weight_version,
                 cached_tokens=t.cached_tokens,
+                tool_calls=[
+                    ToolCall(
+                        name=c.name,
+                        arguments_json=c.arguments_json,
+                        result=c.result,
+                        error=c.error,
+                        latency_s=c.latency_s,
+                        attempts=c.attempts,
+                    )
+                    for c in t.tool_calls
+                ],
             )
             for t in s.turns
         ],

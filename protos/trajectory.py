@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from protos.trajectory_pb2 import FinishReason, Reward, Timings, Trajectory, Turn
+from protos.trajectory_pb2 import FinishReason, Reward, Timings, ToolCall, Trajectory, Turn
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -12,6 +12,7 @@ __all__ = [
     "Reward",
     "SchemaError",
     "Timings",
+    "ToolCall",
     "Trajectory",
     "Turn",
     "decode",

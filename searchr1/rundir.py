@@ -157,6 +157,16 @@ def rollout_schema() -> pa.Schema:
     span = pa.struct(
         [("kind", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("text", pa.string())]
     )
+    tool_call = pa.struct(
+        [
+            ("name", pa.string()),
+            ("arguments_json", pa.string()),
+            ("result", pa.string()),  # what the policy read back (result or error text)
+            ("error", pa.string()),
+            ("latency_s", pa.float64()),
+            ("attempts", pa.int32()),
+        ]
+    )
     turn = pa.struct(
         [
             ("index", pa.int32()),
@@ -173,6 +183,8 @@ def rollout_schema() -> pa.Schema:
             ("engine_finish_reason", pa.string()),
             ("weight_version", pa.int64()),
             ("cached_tokens", pa.int32()),  # input tokens served from the engine's cache
+            # function calling: each call (absent from logs written before the field)
+            ("tool_calls", pa.list_(tool_call)),
         ]
     )
     types = {
