@@ -21,6 +21,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,14 @@ from stack.config import load_config
 from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
 from stack.demo_world import World, generate_world, write_world
 from stack.launcher import build_specs, run_local
+from stack.task_multitool import TASK as TASK_MULTI_TOOL
+from stack.task_multitool import YearsWorld
 
 log = logging.getLogger(__name__)
 
 CONFIG_TEMPLATE = Path(__file__).resolve().parents[1] / "configs" / "demo-cpu.yaml"
+TASK_SEARCH_R1 = "search-r1"
+TASKS = (TASK_SEARCH_R1, TASK_MULTI_TOOL)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class DemoConfig:
     # A finished demo's out dir with the same seed: its warm-started model is reused (the warm
     # start is deterministic per seed; 2.7 of the demo's 8 minutes), e.g. over training seeds.
     warm_start_from: Path | None = None
+    # "search-r1" (Search-R1's tags, one tool) or "multi-tool" (search + an MCP calculator in
+    # the function-calling format: stack/task_multitool.py)
+    task: str = "search-r1"
 
     @classmethod
     def quick_mode(cls, out_dir: Path, seed: int = 0, **chosen: Any) -> DemoConfig:
@@ -94,7 +102,7 @@ class DemoConfig:
         )
 
 
-def _world_texts(world: World) -> list[str]:
+def _world_texts(world: World | YearsWorld) -> list[str]:
     return [r["contents"] for r in world.corpus_rows()] + [q.question for q in world.questions]
 
 
@@ -111,20 +119,30 @@ def write_rows(world: World, out: Path) -> dict[str, Path]:
     return paths
 
 
-def tokenizer_corpus(world: World) -> tuple[list[str], int]:
-    """(training text, vocabulary size) with which BPE makes every made-up name one token."""
+def tokenizer_corpus(
+    world: World | YearsWorld, extra: Sequence[str] = (), extra_vocab: int = 0
+) -> tuple[list[str], int]:
+    """(training text, vocabulary size) with which BPE makes every made-up name one token.
+    `extra`: more text (a task's tool calls), needing `extra_vocab` more entries."""
     names = world.entity_names()
-    texts = default_corpus(0) + _world_texts(world) + [" " + " ".join(names)] * 30
+    texts = default_corpus(0) + _world_texts(world) + [" " + " ".join(names)] * 30 + list(extra)
     # the base vocabulary + each name with the merges that build it
-    return texts, 2048 + 4 * len(names)
+    return texts, 2048 + 4 * len(names) + extra_vocab
 
 
-def build_policy(cfg: DemoConfig, world: World) -> Path:
-    """The tiny model, warm-started on demonstrations; returns its HF directory."""
+def build_policy(
+    cfg: DemoConfig,
+    world: World | YearsWorld,
+    make_sampler: Callable[[Any], Any] | None = None,
+    extra_texts: Sequence[str] = (),
+    extra_vocab: int = 0,
+) -> Path:
+    """The tiny model, warm-started on demonstrations; returns its HF directory.
+    `make_sampler(tokenizer)`: the task's demonstrations (default: Search-R1's `DemoSampler`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    texts, vocab_size = tokenizer_corpus(world)
+    texts, vocab_size = tokenizer_corpus(world, extra_texts, extra_vocab)
     base = make_tiny_model(
         cfg.out_dir / "model-base",
         seed=cfg.seed,
@@ -139,7 +157,12 @@ def build_policy(cfg: DemoConfig, world: World) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.warm_start_threads or os.cpu_count() or 1)
     try:
-        losses = sft(model, DemoSampler(world, tok, cfg.warm_start), cfg.warm_start)
+        if make_sampler is not None:
+            sampler = make_sampler(tok)
+        else:
+            assert isinstance(world, World)
+            sampler = DemoSampler(world, tok, cfg.warm_start)
+        losses = sft(model, sampler, cfg.warm_start)
     finally:
         torch.set_num_threads(threads)
     warm = cfg.out_dir / "model-warm"
@@ -164,9 +187,18 @@ def free_port_run(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
 
 
-def write_stack_config(cfg: DemoConfig, index_dir: Path, model_dir: Path, rows: dict) -> Path:
-    """The demo's stack config: the shipped template with this run's paths filled in."""
+def write_stack_config(
+    cfg: DemoConfig,
+    index_dir: Path,
+    model_dir: Path,
+    rows: dict,
+    task_settings: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """The demo's stack config: the shipped template with this run's paths filled in, and the
+    task's settings (`task_settings` edits the loaded YAML) over it."""
     data = yaml.safe_load(CONFIG_TEMPLATE.read_text())
+    if task_settings is not None:
+        task_settings(data)
     out = cfg.out_dir.resolve()
     data["retriever"]["index_dir"] = str(index_dir.resolve())
     data["inference"]["model_path"] = str(model_dir.resolve())
@@ -279,6 +311,10 @@ def summary_row(result: dict[str, Any]) -> dict[str, float]:
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, float]:
+    if cfg.task == TASK_MULTI_TOOL:
+        return run_multitool_demo(cfg)
+    if cfg.task != TASK_SEARCH_R1:
+        raise ValueError(f"unknown demo task {cfg.task!r} (tasks: {', '.join(TASKS)})")
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     # Demonstrations show as many documents per search as RL rollouts will get.
@@ -320,3 +356,60 @@ def summarize(b: dict[str, float], a: dict[str, float], wall_s: float) -> dict[s
         "response_length_after": a["length"],
         "wall_s": wall_s,
     }
+
+
+def run_multitool_demo(cfg: DemoConfig) -> dict[str, float]:
+    """`--task multi-tool`: the same stages as `run_demo` over the years world
+    (stack/task_multitool.py); the summary adds calculator calls per question."""
+    from stack import task_multitool as mt
+
+    start = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    topk = yaml.safe_load(CONFIG_TEMPLATE.read_text())["orchestrator"]["search"]["topk"]
+    if not cfg.quick:
+        cfg = replace(cfg, warm_start=mt.warm_start_config(cfg.seed, topk))
+    else:
+        cfg = replace(cfg, warm_start=mt.warm_start_config(cfg.seed, topk, quick=True))
+    world = mt.generate_years_world(cfg.seed, n_people=cfg.n_people, n_questions=cfg.n_people)
+    rows = mt.write_years_world(world, cfg.out_dir / "data")
+    index_dir = cfg.out_dir / "index"
+    build_index(rows["corpus"], index_dir, BuildConfig(query_prefix="", passage_prefix=""))
+    calculator, calc_name = mt.calculator_tool_config()
+    log.info("multi-tool task", extra={"calculator": calculator})
+    if cfg.warm_start_from is None:
+        warm = build_policy(
+            cfg,
+            world,
+            lambda tok: mt.MultiToolSampler(world, tok, cfg.warm_start, calc_name),
+            mt.demonstration_texts(world, calc_name),
+            mt.EXTRA_VOCAB_PER_NAME * len(world.people),
+        )
+    else:
+        warm = cfg.warm_start_from / "model-warm"
+        log.info("warm start reused", extra={"model": str(warm)})
+    stack = write_stack_config(
+        cfg, index_dir, warm, rows, lambda data: mt.apply_to_stack_config(data, calculator)
+    )
+    evals = cfg.out_dir / "rollouts" / "eval"
+    before = evaluate(stack, warm, rows["test"], cfg.out_dir / "eval_before.json", cfg.eval_limit)
+    calls_before = mt.tool_calls_per_question(_newest(evals))
+    run_local(load_config(stack), stack, max_steps=cfg.rl_steps)
+    trained = cfg.out_dir / "model-trained"
+    after = evaluate(stack, trained, rows["test"], cfg.out_dir / "eval_after.json", cfg.eval_limit)
+    calls_after = mt.tool_calls_per_question(_newest(evals))
+
+    b, a = summary_row(before), summary_row(after)
+    b["searches"], a["searches"] = calls_before.get("search", 0.0), calls_after.get("search", 0.0)
+    plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
+    result = summarize(b, a, time.monotonic() - start)
+    result["calculator_calls_per_question_before"] = calls_before.get(calc_name, 0.0)
+    result["calculator_calls_per_question"] = calls_after.get(calc_name, 0.0)
+    return result
+
+
+def _newest(directory: Path) -> Path:
+    """The evaluation file written last (the rollout log writes one per evaluation)."""
+    files = sorted(directory.glob("*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+    if not files:
+        raise FileNotFoundError(f"no evaluation in {directory} (orchestrator.rollout_log)")
+    return files[-1]

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from searchr1.logs import setup_logging
-from stack.demo import DemoConfig, run_demo
+from stack.demo import TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
 from stack.launcher import run_supervised
 from trainer.backends.registry import BACKENDS
 
@@ -50,6 +50,11 @@ def demo(
         help="Trainer backend (trainer.backend): hf (Hugging Face model) or megatron "
         "(Megatron-Core, the `megatron` extra; one process on CPU).",
     ),
+    task: str = typer.Option(
+        TASK_SEARCH_R1,
+        help="search-r1: Search-R1's tags, one tool (search); multi-tool: questions that need a "
+        "search and arithmetic, search + an MCP calculator in the function-calling format.",
+    ),
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
     if engine not in ("torch", "sglang"):
@@ -63,6 +68,9 @@ def demo(
         )
         raise typer.Exit(2)
     _check_trainer_backend(trainer_backend)
+    if task not in TASKS:
+        typer.secho(f"error: --task must be {' or '.join(TASKS)} (got {task!r})", err=True)
+        raise typer.Exit(2)
     if (
         warm_start_from is not None
         and not (warm_start_from / "model-warm" / "config.json").exists()
@@ -82,6 +90,7 @@ def demo(
         "train_seed": train_seed,
         "dynamic_sampling": dynamic_sampling,
         "warm_start_from": warm_start_from.resolve() if warm_start_from else None,
+        "task": task,
     }
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
@@ -127,10 +136,13 @@ def print_demo_summary(
         ("em", "exact match"),
         ("sub_em", "sub-EM"),
         ("searches_per_question", "searches / question"),
+        ("calculator_calls_per_question", "calculator calls / question"),
         ("response_length", "response tokens"),
     ):
+        if key.endswith("_per_question") and key not in result:
+            continue  # a task without that tool
         before = result.get(f"{key}_before", float("nan"))
-        after = result.get(key if key == "searches_per_question" else f"{key}_after", float("nan"))
+        after = result.get(key if key.endswith("_per_question") else f"{key}_after", float("nan"))
         table.add_row(label, f"{before:.3f}", f"{after:.3f}")
     Console().print(table)
     typer.echo(f"plot: {out / 'demo.png'}  trained model: {out / 'model-trained'}")
