@@ -38,19 +38,38 @@ def test_lost_duplicated_dead_and_unlogged_are_told_apart() -> None:
     assert result.dead == {"d": "x"}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    """A trainer kill, a Redis kill and a refused weight push (~8 min on 2 cores)."""
+def run_chaos(tmp_path: Path, *args: str) -> dict[str, str]:
+    """bench/chaos.py on the quick demo's stack, 3 faults, 2 x 2 groups: its last line."""
     cmd = [
         sys.executable, "-P", str(ROOT / "bench" / "chaos.py"), "--quick", "--faults", "3",
-        "--kinds", "kill:trainer,kill:redis,refuse_push", "--groups-per-step", "2",
-        "--group-size", "2", "--out", str(tmp_path / "chaos"),
+        "--groups-per-step", "2", "--group-size", "2", "--out", str(tmp_path / "chaos"), *args,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1450)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    values = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
+    return dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    """A trainer kill, a Redis kill and a refused weight push (~8 min on 2 cores)."""
+    values = run_chaos(tmp_path, "--kinds", "kill:trainer,kill:redis,refuse_push")
     assert values["faults"] == values["recovered"] == "3"
     assert (values["lost"], values["duplicated"]) == ("0", "0")
     assert values["steps"] == "18"  # 4 per fault + 6: every step done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_async_overlap_survives_a_kill_and_two_freezes(tmp_path: Path) -> None:
+    """Async mode (steps overlapping) with an orchestrator kill and SIGSTOP freezes of the
+    engine and of Redis (issue 32's freeze kind, 10-20 s): ~3 min on 2 cores."""
+    values = run_chaos(
+        tmp_path,
+        "--kinds", "kill:orchestrator,freeze:inference,freeze:redis",
+        "--async-staleness", "1", "--freeze-s", "10,20",
+    )  # fmt: skip
+    assert values["faults"] == values["recovered"] == "3"
+    assert (values["lost"], values["duplicated"]) == ("0", "0")
+    assert float(values["stalled_s_max"]) < 60  # after a fault ends (issue 32)
