@@ -55,6 +55,8 @@ class Bus(Protocol):
     config: BusConfig
 
     async def publish(self, trajectories: list[Any]) -> list[str]: ...
+    async def end(self, reason: str) -> None: ...
+    async def reopen(self) -> None: ...
 
 
 def step_groups(run_id: str, step: int, batch: list[Prompt]) -> dict[str, Prompt]:
@@ -160,6 +162,7 @@ class Orchestrator:
         """Delete this run id's markers and claims (`--fresh`): the next start is a new run."""
         await self.markers.forget()
         await self.claims.forget()
+        await self.bus.reopen()
         log.warning("forgot the run's markers", extra={"run_id": self.run_cfg.id})
 
     async def restore(self, last_step: int | None = None) -> None:
@@ -306,11 +309,13 @@ class Orchestrator:
             return
         published = await self.markers.published_count()
         if published < needed:
-            log.error(
-                "the data ran out before the trainer's last batch: it will wait for groups "
-                "that never come; raise orchestrator.epochs (or lower the filter's rate)",
-                extra={"published": published, "needed": needed, "steps": self.step},
+            reason = (
+                f"the orchestrator's data ran out after {published} of {needed} groups "
+                f"(run.max_steps x run.groups_per_step), {self.step} rollout steps: raise "
+                "orchestrator.epochs (or lower the group filter's rate)"
             )
+            log.error(reason, extra={"published": published, "needed": needed})
+            await self.bus.end(reason)  # the trainer stops waiting for groups that never come
 
     async def maybe_validate(self, step: int, final: bool = False) -> None:
         """Greedy validation before every `eval_every_steps`-th step (and after the last one)."""

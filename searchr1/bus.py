@@ -80,6 +80,8 @@ REDIS_OPS = (
     "dead_letters",
     "dedup",
     "delivery_counts",
+    "end",
+    "ended",
     "ensure_group",
     "forgive",
     "heartbeat",
@@ -88,6 +90,7 @@ REDIS_OPS = (
     "read",
     "read_pending",
     "reclaim",
+    "reopen",
 )
 RECLAIMED = Counter("searchr1_bus_reclaimed_total", "Entries reclaimed from idle consumers")
 BACKPRESSURE_WAIT = Counter(
@@ -212,6 +215,7 @@ class TrajectoryBus:
         self.consumer = config.consumer or default_consumer_name()
         self.dead_stream = f"{config.stream}:dead"
         self.done_key = f"{config.stream}:done"
+        self.end_key = f"{config.stream}:end"  # the producer's "nothing more is coming"
         # trajectory id -> entry ids this consumer holds unacked (the first is the delivery).
         self._inflight: dict[str, list[str]] = {}
         self._own_pending_done = False
@@ -253,6 +257,20 @@ class TrajectoryBus:
                 return await fn()
 
         return await self.retry.call(op, guarded)
+
+    async def end(self, reason: str) -> None:
+        """The producer will publish nothing more (its data ran out): a consumer waiting for
+        more stops with `reason` instead of waiting forever. `reopen` clears it."""
+        await self._retrying("end", lambda: self.redis.set(self.end_key, reason.encode()))
+
+    async def ended(self) -> str | None:
+        """The producer's reason for publishing nothing more, or None while it may."""
+        raw = await self._retrying("ended", lambda: self.redis.get(self.end_key))
+        return None if raw is None else raw.decode()
+
+    async def reopen(self) -> None:
+        """A fresh run on this stream: publishing may go on (clears `end`)."""
+        await self._retrying("reopen", lambda: self.redis.delete(self.end_key))
 
     async def ensure_group(self) -> None:
         if self._group_ready:

@@ -54,6 +54,10 @@ class _Resync(str):
 RESYNC = _Resync("resync")
 
 
+class DataEnded(RuntimeError):
+    """The producer ended the bus (its data ran out) before the trainer's last step."""
+
+
 class WeightPushFailed(RuntimeError):
     """The engines could not be given the current weights within the retry deadline."""
 
@@ -148,6 +152,7 @@ class TrainingLoop:
         self._checkpointed_step = 0
         self._resumed = False
         self._last_resync_check = time.monotonic()
+        self._ended: str | None = None  # rank 0: the producer's reason for publishing no more
 
     # -- start-up -------------------------------------------------------------------------
 
@@ -185,6 +190,9 @@ class TrainingLoop:
                 return RESYNC
             n = max(want - self._buffer.complete_groups, 1) * self.run_cfg.group_size
             got = await self.bus.consume(min(n, 512), block=self.cfg.batch.consume_block_s)
+            if not got and (reason := await self.bus.ended()) is not None:
+                self._ended = reason  # nothing more will come: stop instead of waiting on
+                return None
             self._buffer.add(got)
             await self._expire_incomplete_groups()
         self._batch = self._buffer.take(want)
@@ -288,6 +296,12 @@ class TrainingLoop:
             pending = self.ckpt is not None and self.status.step > self._checkpointed_step
             if broadcast_object(pending, self.info):
                 await self._checkpoint()
+            ended = broadcast_object(self._ended, self.info)
+            if ended is not None and not self._done():
+                raise DataEnded(
+                    f"no more data after step {self.status.step} (run.max_steps "
+                    f"{self.run_cfg.max_steps}): {ended}"
+                )
         finally:
             self.status.running = False
 

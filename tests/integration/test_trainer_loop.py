@@ -237,3 +237,28 @@ def test_a_second_trainer_on_the_same_run_is_refused(tmp_path: Path, tiny_model_
         assert first.stop() == 0
     finally:
         redis.close()
+
+
+def test_a_trainer_waiting_for_data_stops_when_the_producer_has_ended(
+    tmp_path: Path, redis_url: str, tiny_model_dir: Path
+) -> None:
+    """The orchestrator's data ran out (a group filter rejected too much): the trainer used to
+    wait for groups that never come; it now exits 1 with the producer's reason, after
+    checkpointing what it trained."""
+    publish(redis_url, trajectories(range(1)))
+    trainer = Trainer(tmp_path, redis_url, tiny_model_dir, every=5)
+    trainer.start()
+    trainer.wait(lambda s: s["step"] >= 1)
+
+    async def end() -> None:
+        bus = TrajectoryBus.from_url(redis_url, BusConfig())
+        try:
+            await bus.end("the orchestrator's data ran out after 1 of 3 groups")
+        finally:
+            await bus.close()
+
+    asyncio.run(end())
+    assert trainer.proc is not None
+    assert trainer.proc.wait(60) == 1, trainer.log_tail()
+    assert "data ran out after 1 of 3 groups" in trainer.log_tail()
+    assert (trainer.ckpt / "latest").read_text() == "step_00000001"  # step 1 kept

@@ -50,3 +50,8 @@ def keep_odd_prompts(group: list[Any]) -> bool:
 def keep_all(group: list[Any]) -> bool:
     """A filter that rejects nothing: dynamic sampling's bookkeeping with every group kept."""
     return True
+
+
+def reject_all(group: list[Any]) -> bool:
+    """A filter that keeps nothing: the data runs out before the trainer's batch."""
+    return False

@@ -197,3 +197,16 @@ async def test_a_full_step_stops_its_slowest_groups(tokenizer, bus) -> None:  # 
     assert engine.hung >= 2
     assert len(published) == 2 and skipped("surplus") - before == 2
     assert orch.last_summary["groups_surplus"] == 2
+
+
+async def test_data_running_out_ends_the_bus_so_the_trainer_stops_waiting(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    # A filter that rejects every group: nothing is published, the data runs out, and the
+    # trainer (waiting for its first batch) must learn that nothing more is coming.
+    engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
+    reject = "tests.unit.orchestrator.hook_examples:reject_all"
+    orch = build(tokenizer, bus, engine, group_filter=reject)
+    await asyncio.wait_for(orch.run(), 30)
+    reason = await bus.ended()
+    assert reason is not None and "ran out" in reason and "0 of 2 groups" in reason
+    await orch.forget()  # `--fresh`: a new run on the stream may publish again
+    assert await bus.ended() is None
