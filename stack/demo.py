@@ -37,6 +37,7 @@ from retriever.build import build_index
 from retriever.config import BuildConfig
 from searchr1.redis_server import free_port
 from searchr1.supervisor import Supervisor
+from stack import task_multitool as mt
 from stack.config import load_config
 from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
 from stack.demo_world import World, generate_world, write_world
@@ -361,8 +362,6 @@ def summarize(b: dict[str, float], a: dict[str, float], wall_s: float) -> dict[s
 def run_multitool_demo(cfg: DemoConfig) -> dict[str, float]:
     """`--task multi-tool`: the same stages as `run_demo` over the years world
     (stack/task_multitool.py); the summary adds calculator calls per question."""
-    from stack import task_multitool as mt
-
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     topk = yaml.safe_load(CONFIG_TEMPLATE.read_text())["orchestrator"]["search"]["topk"]
