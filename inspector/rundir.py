@@ -112,7 +112,9 @@ class RunDir:
         return self._metrics.read()
 
     def rollout_steps(self) -> list[dict[str, Any]]:
-        return self._steps.read()
+        """In step order: async steps overlap, so a later step can finish (and be logged)
+        before an earlier one; a re-run step's records keep their order."""
+        return sorted(self._steps.read(), key=lambda r: r.get("step", 0))
 
     def evaluations(self) -> list[dict[str, Any]]:
         """Logged evaluations, else the demo's `eval_*.json` summaries (no samples)."""

@@ -222,21 +222,32 @@ class Rollout:
         if action == "answer":
             sample.status = Status.ANSWERED
             return True
-        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
-            # slime's generate stops the sample on a cut turn (no correction, no next turn).
-            sample.status = self._length_status(sample, len(ids), max_new, room)
-            return True
-        if turn_index + 1 >= self.generation_calls:
-            sample.status = Status.MAX_TURNS
-            return True
-        if len(sample.response_ids) >= self.cfg.max_response_tokens:
-            sample.status = Status.RESPONSE_BUDGET
+        stop = self._stop_before_observing(sample, turn_index, result, max_new, room)
+        if stop is not None:
+            sample.status = stop
             return True
         if action == "search":
             turn.query = content
             obs = await self.search_observation(sample, turn, content)
         else:
             obs = self._invalid
+        return self._observe(sample, turn, obs)
+
+    def _stop_before_observing(
+        self, sample: Sample, turn_index: int, result: Any, max_new: int, room: int | None
+    ) -> Status | None:
+        """Why a sample whose turn asked for an observation ends here (None: it goes on)."""
+        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
+            # slime's generate stops the sample on a cut turn (no correction, no next turn).
+            return self._length_status(sample, len(result.output_ids), max_new, room)
+        if turn_index + 1 >= self.generation_calls:
+            return Status.MAX_TURNS
+        if len(sample.response_ids) >= self.cfg.max_response_tokens:
+            return Status.RESPONSE_BUDGET
+        return None
+
+    def _observe(self, sample: Sample, turn: TurnRecord, obs: Observation) -> bool:
+        """Append the observation (loss mask 0); True when it does not fit and the sample ends."""
         if len(sample.response_ids) + len(obs.ids) >= self.cfg.max_response_tokens:
             # No room for the observation and a further turn: end here, honestly labelled.
             sample.status = Status.RESPONSE_BUDGET
@@ -348,7 +359,6 @@ class Rollout:
         is the answer; each call (malformed ones answered with their error) runs concurrently,
         and the results come back as the template's `tool` turns."""
         calls = parse_tool_calls(text)
-        turn_index = turn.index
         if not calls:
             turn.action = "answer"
             if result.finish_reason == "length":
@@ -357,22 +367,11 @@ class Rollout:
                 sample.status = Status.ANSWERED
             return True
         turn.action = "tool"
-        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
-            sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
+        stop = self._stop_before_observing(sample, turn.index, result, max_new, room)
+        if stop is not None:
+            sample.status = stop
             return True
-        if turn_index + 1 >= self.generation_calls:
-            sample.status = Status.MAX_TURNS
-            return True
-        if len(sample.response_ids) >= self.cfg.max_response_tokens:
-            sample.status = Status.RESPONSE_BUDGET
-            return True
-        obs = await self.tool_observation(sample, turn, text, calls)
-        if len(sample.response_ids) + len(obs.ids) >= self.cfg.max_response_tokens:
-            sample.status = Status.RESPONSE_BUDGET
-            return True
-        sample.append_observation(obs.ids, obs.text)
-        turn.observation_tokens = len(obs.ids)
-        return False
+        return self._observe(sample, turn, await self.tool_observation(sample, turn, text, calls))
 
     async def _call(self, call: ParsedCall) -> CallOutcome:
         if call.error:  # malformed: the policy reads why

@@ -40,6 +40,16 @@ def test_jsonl_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:
     assert tail.read() == [{"step": 9}]
 
 
+def test_rollout_steps_come_in_step_order(tmp_path: Path) -> None:
+    # Async steps overlap: step 1 may be done, and logged, before step 0.
+    run = RunDir(tmp_path)
+    run.layout.steps.parent.mkdir(parents=True)
+    run.layout.steps.write_text(
+        "\n".join(json.dumps({"step": k, "n": n}) for k, n in [(1, 0), (0, 1), (1, 2)]) + "\n"
+    )
+    assert [(r["step"], r["n"]) for r in run.rollout_steps()] == [(0, 1), (1, 0), (1, 2)]
+
+
 def test_ref_round_trip_and_refusals() -> None:
     ref = Ref.parse("eval/20240101-x/demo-eval/-1/demo/test/0/0")
     assert ref == Ref("eval", "20240101-x", "demo-eval/-1/demo/test/0/0")
