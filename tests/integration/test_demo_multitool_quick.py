@@ -6,32 +6,20 @@ process per orchestrator) -> eval -> table and key=value line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from harness.inspector_run import check_inspector_pages
+from tests.integration.test_demo_quick import run_quick_demo
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_quick_multitool_demo_runs_the_whole_stack(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    exe = Path(sys.executable).with_name("searchr1")
-    proc = subprocess.run(
-        [str(exe), "demo", "--task", "multi-tool", "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=880,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    values = dict(kv.split("=", 1) for kv in last.split())
+    proc, values = run_quick_demo(out, "--task", "multi-tool")
     for key in ("em_before", "em_after", "searches_per_question", "wall_s",
                 "calculator_calls_per_question"):  # fmt: skip
         float(values[key])

@@ -27,6 +27,24 @@ def _megatron() -> bool:
         return False
 
 
+def run_quick_demo(
+    out: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """`searchr1 demo --quick --out OUT ARGS...` (must exit 0): the run and its last line's
+    key=value pairs."""
+    exe = Path(sys.executable).with_name("searchr1")
+    proc = subprocess.run(
+        [str(exe), "demo", "--quick", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=880,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    return proc, dict(kv.split("=", 1) for kv in last.split())
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("engine", "trainer_backend"),
@@ -49,19 +67,9 @@ def test_quick_demo_runs_the_whole_stack(tmp_path: Path, engine: str, trainer_ba
     gloo pushes must update it every step. With `megatron`, the trainer trains, pushes and
     exports on the Megatron backend."""
     out = tmp_path / "demo"
-    exe = Path(sys.executable).with_name("searchr1")
     extra = ["--engine", "sglang", "--sglang-python", sglang_python()] if engine == "sglang" else []
-    extra += ["--trainer-backend", trainer_backend]
-    proc = subprocess.run(
-        [str(exe), "demo", "--quick", "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=880,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, values = run_quick_demo(out, *extra, "--trainer-backend", trainer_backend)
     last = proc.stdout.strip().splitlines()[-1]
-    values = dict(kv.split("=", 1) for kv in last.split())
     assert values["engine"] == engine
     assert values["trainer_backend"] == trainer_backend
     trainer_log = (out / "logs" / "trainer.log").read_text()
