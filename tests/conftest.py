@@ -38,3 +38,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     from inference.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def seed1_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The tiny model's twin from seed 1: other weights, same shapes (a weight update)."""
+    from inference.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("seed1"), seed=1)

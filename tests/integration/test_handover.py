@@ -20,7 +20,6 @@ import torch
 from safetensors.torch import load_file
 
 from inference.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
-from inference.tiny_model import make_tiny_model
 from searchr1.weightsync.handover import LOAD_FORMAT, HandoverSender, Packed, sglang_serialized
 from tests.support.engines import ENGINES, Target, engine_server
 
@@ -39,11 +38,6 @@ async def client(server: Target) -> AsyncIterator[InferenceClient]:
     c = InferenceClient(server.url, timeout_s=120, token=TOKEN, max_retries=0)
     yield c
     await c.aclose()
-
-
-@pytest.fixture(scope="module")
-def seed1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("seed1"), seed=1)
 
 
 def teacher_forced(model_dir: Path, out_ids: list[int]) -> list[float]:

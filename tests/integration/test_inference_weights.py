@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inference.client import InferenceBadRequest, InferenceClient
-from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 from searchr1.weightsync.protocol import EngineRefused
 from searchr1.weightsync.sender import WeightSender
@@ -39,11 +38,6 @@ async def client(server: Target) -> AsyncIterator[InferenceClient]:
     c = InferenceClient(server.url, timeout_s=60, token=TOKEN)
     yield c
     await c.aclose()
-
-
-@pytest.fixture(scope="module")
-def seed1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("seed1"), seed=1)
 
 
 def push(checkpoint: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
