@@ -28,16 +28,21 @@ PROMPTS = [
 
 
 class HoldingEngine(ScriptedEngine):
-    """Holds the questions in `held` until `release` is set; records every question it sees."""
+    """Holds the questions in `held` until `release` is set (from their second turn on when
+    `hold_later_turns`: the first is made at the version of its start); records every question
+    it sees."""
 
     held: tuple[str, ...] = ()
+    hold_later_turns = False
     release: asyncio.Event
     seen: list[str]
 
     async def generate(self, input_ids: list[int], **kw: Any):  # type: ignore[no-untyped-def]
-        question = self.tokenizer.decode(input_ids).split("Question: ", 1)[1].split("?", 1)[0]
+        _, question = self.tokenizer.decode(input_ids).split("Question: ", 1)
+        later_turn = "<information>" in question  # a retrieved passage after the question
+        question = question.split("?", 1)[0]
         self.seen.append(question)
-        if question in self.held:
+        if question in self.held and (later_turn or not self.hold_later_turns):
             await self.release.wait()
         return await super().generate(input_ids, **kw)
 
@@ -145,3 +150,28 @@ async def test_sync_and_dynamic_sampling_keep_the_barrier(tokenizer, bus, over) 
     engine.weight_version = 1  # sync: step 1 needs the weights trained on step 0
     await asyncio.wait_for(run, 20)
     assert len(await drain(bus)) == 8
+
+
+async def test_async_staleness_is_bounded_for_the_batch_a_group_joins(tokenizer, bus) -> None:  # type: ignore[no-untyped-def]
+    # Overlapping steps publish out of order: a slow group of step 1 can publish after step 2's
+    # groups and so join trainer batch 2. Made at version 0, it would be trained 2 versions
+    # behind with max_staleness 1, though it lags the engine (at version 1) by only 1.
+    engine = holding_engine(tokenizer)
+    orch = build(tokenizer, bus, engine, max_steps=3)
+    held, other = questions(orch, 1)
+    engine.held, engine.hold_later_turns = (held,), True
+    run = asyncio.create_task(orch.run())
+    try:
+        assert await until(lambda: engine.seen.count(other) == 4)  # step 1's other group done
+        engine.weight_version = 1  # step 2 needs version 1
+        step2 = questions(orch, 2)
+        assert await until(lambda: all(engine.seen.count(q) == 4 for q in step2))
+        await asyncio.sleep(0.3)  # step 2's groups published
+    finally:
+        engine.release.set()
+    await asyncio.wait_for(run, 20)
+    got = await drain(bus)
+    per_group = orch.run_cfg.group_size
+    for index, delivery in enumerate(got):
+        batch = index // per_group // orch.run_cfg.groups_per_step  # the trainer's version for it
+        assert batch - delivery.trajectory.weight_version <= 1, (index, delivery.trajectory)
