@@ -8,9 +8,12 @@
     python3 dev.py compose [ARGS]   # the demo in containers: images built, `docker compose
                                     # --profile cpu up`, result checked, `down -v` (CI too)
     python3 dev.py setup            # only create/update the environment
+    python3 dev.py lock [UV ARGS]   # refresh requirements.lock (uv pip compile; e.g. --upgrade)
 
 Only the Python standard library is used here, so it runs before anything is installed.
-The environment is rebuilt only when pyproject.toml or constraints.txt change (a stamp file
+On Linux x86_64 with CPython 3.11 the environment is installed from requirements.lock (exact
+pins, `--require-hashes`); elsewhere from pyproject.toml's ranges and constraints.txt, saying so.
+It is rebuilt only when pyproject.toml, constraints.txt or requirements.lock change (a stamp file
 holds their hash), so repeated runs start at once.
 """
 
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -30,6 +36,16 @@ STAMP = VENV / ".searchr1-installed"
 TORCH_PIN = "torch==2.13.0"
 # Where the CPU-only torch build lives when no local wheel is configured (pip find-links).
 TORCH_CPU_INDEX = os.environ.get("SEARCHR1_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+
+# The lock: every runtime, `dev` and `megatron` requirement pinned with its hashes, torch the CPU
+# build. It is resolved for one platform, the one dev.py and the CPU images run on; elsewhere
+# setup falls back to the unlocked ranges. `python3 dev.py lock` refreshes it with uv.
+LOCK = ROOT / "requirements.lock"
+LOCK_EXTRAS = ("dev", "megatron")
+LOCK_PYTHON = "3.11"
+LOCK_PLATFORM = "x86_64-manylinux_2_28"  # uv's name: x86_64 Linux, glibc >= 2.28
+TORCH_LOCK_PIN = TORCH_PIN + "+cpu"
+UV_PIN = "uv==0.13.8"
 
 # A real SGLang server for the contract tests lives in its own venv: it cannot share `.venv`
 # (it pins its own transformers and needs workarounds to run on CPU, see the README in
@@ -60,8 +76,9 @@ def _check(cmd: list[str | os.PathLike[str]], what: str | None = None, **kw) -> 
 
 def _fingerprint() -> str:
     h = hashlib.sha256()
-    for name in ("pyproject.toml", "constraints.txt"):
-        h.update((ROOT / name).read_bytes())
+    for name in ("pyproject.toml", "constraints.txt", LOCK.name):
+        path = ROOT / name
+        h.update(path.read_bytes() if path.exists() else b"(none)")
     h.update(sys.version.encode())
     return h.hexdigest()
 
@@ -79,9 +96,55 @@ def _install_torch(pip: list[str], what: str | None = None) -> None:
         _check([*pip, "install", "-q", TORCH_PIN, "--index-url", TORCH_CPU_INDEX], what)
 
 
+def lock_mismatch() -> str | None:
+    """Why requirements.lock does not fit this interpreter and machine, or None when it does."""
+    if not LOCK.exists():
+        return f"there is no {LOCK.name}"
+    libc, libc_version = platform.libc_ver()
+    here = f"{platform.system()} {platform.machine()}, {platform.python_implementation()} "
+    here += ".".join(map(str, sys.version_info[:2]))
+    fits = (
+        sys.platform == "linux"
+        and platform.machine() == "x86_64"
+        and platform.python_implementation() == "CPython"
+        and ".".join(map(str, sys.version_info[:2])) == LOCK_PYTHON
+        and libc == "glibc"
+        and tuple(int(p) for p in libc_version.split(".")[:2]) >= (2, 28)
+    )
+    if fits:
+        return None
+    return f"{LOCK.name} is for Linux x86_64 (glibc >= 2.28), CPython {LOCK_PYTHON}; this is {here}"
+
+
+def _lock_entry(name: str) -> str:
+    """The lines of one package in requirements.lock (`name==version` and its `--hash`es)."""
+    m = re.search(rf"^{re.escape(name)}==\S+(?: \\\n\s+--hash=\S+)+", LOCK.read_text(), re.M)
+    if not m:
+        sys.exit(f"dev.py: {LOCK.name} has no hashed entry for {name}")
+    return m.group(0)
+
+
+def _install_locked(pip: list[str]) -> None:
+    """torch (the CPU build, hash-checked), then every pin of requirements.lock with
+    --require-hashes, then searchr1 itself (editable, no dependencies)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_req = Path(tmp) / "torch.txt"
+        torch_req.write_text(_lock_entry("torch") + "\n")
+        hashed = [*pip, "install", "-q", "--require-hashes", "--no-deps", "-r", torch_req]
+        # The local wheel first (pip's configured find-links), else the CPU index, as unlocked.
+        if _run([*hashed, "--no-index"]) != 0:
+            _check(
+                [*hashed, "--index-url", TORCH_CPU_INDEX], f"dev.py: installing {TORCH_LOCK_PIN}"
+            )
+    _check(
+        [*pip, "install", "-q", "--require-hashes", "-r", LOCK], f"dev.py: installing {LOCK.name}"
+    )
+    _check([*pip, "install", "-q", "--no-deps", "-e", ROOT], "dev.py: installing searchr1")
+
+
 def ensure_env() -> None:
     """Create `.venv` and install searchr1 (editable, with the dev and megatron extras) unless
-    already current."""
+    already current: from requirements.lock where it fits, else from pyproject.toml's ranges."""
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs under any system python
         sys.exit("dev.py: searchr1 needs Python >= 3.11")
     if not _bin("python").exists():
@@ -92,10 +155,72 @@ def ensure_env() -> None:
         return
     pip = [str(_bin("python")), "-m", "pip", "--disable-pip-version-check"]
     _check([*pip, "install", "-q", "--upgrade", "pip", "setuptools", "wheel"])
-    _install_torch(pip)
-    # `megatron`: CI runs the Megatron backend's tests too.
-    _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[dev,megatron]"])
+    why_not = lock_mismatch()
+    if why_not is None:
+        _install_locked(pip)
+    else:
+        print(f"dev.py: {why_not}: installing unlocked (pyproject.toml ranges)", flush=True)
+        _install_torch(pip)
+        # `megatron`: CI runs the Megatron backend's tests too.
+        extras = ",".join(LOCK_EXTRAS)
+        _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[{extras}]"])
     STAMP.write_text(want)
+
+
+def write_lock(args: list[str]) -> int:
+    """Resolve requirements.lock again with uv (installed into `.venv` with pip if missing):
+    pyproject.toml's dependencies and the dev and megatron extras for Linux x86_64 and CPython
+    3.11, every file hashed, torch the CPU build. Pins already in the lock are kept unless
+    pyproject.toml needs others; `args` go to `uv pip compile` (`--upgrade`,
+    `--upgrade-package NAME`)."""
+    if not _bin("python").exists():
+        print(f"creating virtual environment in {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    pip = [str(_bin("python")), "-m", "pip", "--disable-pip-version-check"]
+    _check([*pip, "install", "-q", UV_PIN], f"dev.py lock: installing {UV_PIN}")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels, out = Path(tmp) / "torch", Path(tmp) / LOCK.name
+        # The CPU wheel (the local one first, else the CPU index): uv hashes it from here.
+        get = [*pip, "download", "-q", "--no-deps", "-d", wheels, TORCH_LOCK_PIN]
+        get += ["--only-binary", ":all:", "--python-version", LOCK_PYTHON.replace(".", "")]
+        get += ["--platform", "manylinux_2_28_x86_64"]
+        if _run([*get, "--no-index"]) != 0:
+            _check(
+                [*get, "--index-url", TORCH_CPU_INDEX], f"dev.py lock: fetching {TORCH_LOCK_PIN}"
+            )
+        constraint = Path(tmp) / "torch-cpu.txt"
+        constraint.write_text(TORCH_LOCK_PIN + "\n")
+        if LOCK.exists():
+            shutil.copy(LOCK, out)  # uv keeps the pins of an existing output file
+        cmd: list[str | os.PathLike[str]] = [_bin("uv"), "pip", "compile", "pyproject.toml"]
+        for extra in LOCK_EXTRAS:
+            cmd += ["--extra", extra]
+        cmd += ["--generate-hashes", "--no-header", "--python-version", LOCK_PYTHON]
+        cmd += ["--python-platform", LOCK_PLATFORM, "--find-links", wheels, "-c", constraint]
+        cmd += ["--quiet", "-o", out, *args]
+        _check(cmd, "dev.py lock: uv pip compile failed", cwd=ROOT)
+        body = out.read_text().replace(str(constraint), f"dev.py ({TORCH_LOCK_PIN})")
+    uv_version = subprocess.run(
+        [str(_bin("uv")), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    header = _LOCK_HEADER.format(uv=uv_version, extras=",".join(LOCK_EXTRAS), torch=TORCH_LOCK_PIN)
+    LOCK.write_text(header + body)
+    print(f"dev.py lock: wrote {LOCK.name}; `python3 dev.py setup` installs it", flush=True)
+    return 0
+
+
+_LOCK_HEADER = """\
+# requirements.lock: searchr1's runtime dependencies and its [{extras}] extras, every version
+# pinned, every file hashed (pip install --require-hashes -r requirements.lock).
+# Resolved for Linux x86_64 (glibc >= 2.28) and CPython 3.11 only, the platform of dev.py's
+# .venv and of the CPU images; elsewhere `python3 dev.py setup` installs from pyproject.toml's
+# ranges instead (and says so). No nvidia-*/triton wheels: torch is the CPU build,
+# {torch}, with one hash: that of the wheel on PyTorch's CPU index.
+# Generated by `python3 dev.py lock` (uv {uv}, installed into .venv with pip: uv pip compile
+# pyproject.toml --generate-hashes); refresh with `python3 dev.py lock` (keeps the pins
+# pyproject.toml still allows) or `python3 dev.py lock --upgrade` (newest allowed versions).
+# Do not edit by hand.
+"""
 
 
 def _sglang_fingerprint() -> str:
@@ -277,11 +402,13 @@ def run_compose(args: list[str]) -> int:
 
 
 def main() -> int:
-    commands = {"demo", "test", "slow", "sglang", "setup", "compose"}
+    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "lock"}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
+    if command == "lock":  # before ensure_env: the lock being refreshed may be stale
+        return write_lock(rest)
     ensure_env()
     if command == "test":
         return run_tests(rest)

@@ -12,7 +12,15 @@
 # torch: a base image that already has it (PyTorch CUDA, SGLang) keeps its own build: the venv
 # sees the base's packages (--system-site-packages) and torch is pinned to that version, so pip
 # never pulls a second multi-GB torch. On a plain Python base, torch comes from TORCH_INDEX (the
-# CPU wheels by default), pinned by constraints.txt, and no CUDA wheel may follow it.
+# CPU wheels by default) and no CUDA wheel may follow it.
+#
+# The lock: on a plain CPython 3.11 x86_64 (glibc) base (the CPU images' python:3.11-slim-bookworm)
+# every package comes from /src/requirements.lock, hash-checked (--require-hashes): torch's entry
+# (the CPU build) from TORCH_INDEX, then the entries the runtime dependencies need (the `dev`
+# extra's tools are left out). Bases with their own torch (GPU) are not locked: their torch, CUDA
+# stack and (SGLang's) pinned packages differ from the lock's, and no lock was resolved or tested
+# against them; they install pyproject.toml's ranges against the base's torch as before. So does
+# a plain base of another Python or architecture (the lock holds only x86_64 CPython 3.11 wheels).
 #
 # Optional build inputs (empty = pip's defaults): PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
 # PIP_TRUSTED_HOST (pip reads them from the environment), and CA certificates in
@@ -35,16 +43,19 @@ if [ "${1:-}" = wheel ]; then
 fi
 if [ "${1:-}" = extras ]; then
     mkdir -p /extras
-    /opt/venv/bin/python /src/docker/requirements.py /src/pyproject.toml --extras "${2:-}" \
-        > /tmp/extras.txt
+    REQS="/opt/venv/bin/python /src/docker/requirements.py"
+    LOCKED="" HASHES=""  # the deps stage installed from the lock: so do the extras, hashed
+    if [ -f /tmp/searchr1-locked ]; then
+        LOCKED="--locked /src/requirements.lock" HASHES="--require-hashes"
+    fi
+    $REQS /src/pyproject.toml --extras "${2:-}" $LOCKED > /tmp/extras.txt
     grep -q . /tmp/extras.txt || exit 0
     PIP="/opt/venv/bin/pip --disable-pip-version-check --no-input"
     # Resolved against the venv (torch stays the pinned one); the report names what was added.
-    $PIP install -c /tmp/pins.txt --report /tmp/extras.json -r /tmp/extras.txt
-    /opt/venv/bin/python /src/docker/requirements.py --installed /tmp/extras.json \
-        > /tmp/extras-installed.txt
+    $PIP install $HASHES -c /tmp/pins.txt --report /tmp/extras.json -r /tmp/extras.txt
+    $REQS --installed /tmp/extras.json $LOCKED > /tmp/extras-installed.txt
     grep -q . /tmp/extras-installed.txt || exit 0  # the base image had them all
-    exec $PIP wheel --no-deps -c /tmp/pins.txt -w /extras -r /tmp/extras-installed.txt
+    exec $PIP wheel --no-deps $HASHES -c /tmp/pins.txt -w /extras -r /tmp/extras-installed.txt
 fi
 
 # Debian/Ubuntu system Pythons (e.g. in the SGLang image) may lack ensurepip: fall back to virtualenv.
@@ -55,19 +66,39 @@ python3 -m venv --system-site-packages /opt/venv 2>/dev/null || {
     python3 -m virtualenv --system-site-packages /opt/venv
 }
 PIP="/opt/venv/bin/pip --disable-pip-version-check --no-input"
+REQS="/opt/venv/bin/python /src/docker/requirements.py"
+LOCK=/src/requirements.lock
 cpu_torch=0
 if /opt/venv/bin/python -c "import torch" 2>/dev/null; then
     /opt/venv/bin/python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' \
         > /tmp/pins.txt
+    echo "install-deps.sh: the base image has torch: pyproject.toml's ranges, not $LOCK"
+    $REQS /src/pyproject.toml > /tmp/requirements.txt
+    $PIP install -c /tmp/pins.txt -r /tmp/requirements.txt
+elif [ -f "$LOCK" ] && /opt/venv/bin/python -c '
+import platform, sys
+libc, version = platform.libc_ver()
+sys.exit(not (sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64"
+              and libc == "glibc" and tuple(map(int, version.split(".")[:2])) >= (2, 28)))'; then
+    cpu_torch=1
+    touch /tmp/searchr1-locked
+    grep '^torch==' "$LOCK" | cut -d' ' -f1 > /tmp/pins.txt
+    # torch's entry alone first, from TORCH_INDEX (--no-deps: it may serve torch alone); then
+    # the runtime dependencies' entries (torch's dependencies among them), every file hashed.
+    $REQS --names torch --locked "$LOCK" > /tmp/torch.txt
+    $PIP install --require-hashes --no-deps --index-url "$TORCH_INDEX" -r /tmp/torch.txt
+    $REQS /src/pyproject.toml --locked "$LOCK" > /tmp/requirements.txt
+    $PIP install --require-hashes -r /tmp/requirements.txt
 else
     cpu_torch=1
+    echo "install-deps.sh: $LOCK is for CPython 3.11 on x86_64 (glibc): pyproject.toml's ranges"
     cp /src/constraints.txt /tmp/pins.txt
     # --no-deps: TORCH_INDEX may serve torch alone (a local mirror); its dependencies come from
     # the package index in the next step, which sees torch installed and resolves them.
     $PIP install -c /tmp/pins.txt --no-deps --index-url "$TORCH_INDEX" torch
+    $REQS /src/pyproject.toml > /tmp/requirements.txt
+    $PIP install -c /tmp/pins.txt -r /tmp/requirements.txt
 fi
-/opt/venv/bin/python /src/docker/requirements.py /src/pyproject.toml > /tmp/requirements.txt
-$PIP install -c /tmp/pins.txt -r /tmp/requirements.txt
 
 if [ "$cpu_torch" = 1 ]; then
     if $PIP list --format=freeze | grep -i '^nvidia-\|^triton=='; then

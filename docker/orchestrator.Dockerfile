@@ -13,8 +13,9 @@ ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_TRUSTED_HOST=
 COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
-# Dependencies first (cached until pyproject.toml or constraints.txt change), then the code.
-COPY pyproject.toml constraints.txt /src/
+# Dependencies first (cached until pyproject.toml, constraints.txt or requirements.lock change),
+# then the code. CPU bases install from requirements.lock (hashes); see install-deps.sh.
+COPY pyproject.toml constraints.txt requirements.lock /src/
 COPY docker/install-deps.sh docker/requirements.py /src/docker/
 RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh
 
