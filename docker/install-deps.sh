@@ -81,6 +81,7 @@ libc, version = platform.libc_ver()
 sys.exit(not (sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64"
               and libc == "glibc" and tuple(map(int, version.split(".")[:2])) >= (2, 28)))'; then
     cpu_torch=1
+    echo "install-deps.sh: installing from $LOCK (--require-hashes)"
     touch /tmp/searchr1-locked
     grep '^torch==' "$LOCK" | cut -d' ' -f1 > /tmp/pins.txt
     # torch's entry alone first, from TORCH_INDEX (--no-deps: it may serve torch alone); then
