@@ -136,8 +136,9 @@ def sequence_logprobs(
     mbs = rank_microbatches(sequences, backend, cfg) if microbatches is None else microbatches
     local: dict[int, torch.Tensor] = {}
     for mb, logp in zip(mbs, backend.logprobs(mbs, policy), strict=True):
-        for k, i in enumerate(mb.samples):
-            local[i] = logp[mb.sample_index == k]
+        # A micro-batch's tokens run sample by sample (MicroBatch.sample_index is sorted).
+        parts = logp.split([sequences[i].response_len for i in mb.samples])
+        local.update(zip(mb.samples, parts, strict=True))
     merged: dict[int, torch.Tensor] = {}
     for part in backend.all_gather_dp(local):
         merged.update(part)

@@ -42,9 +42,11 @@ def test_packed_equals_unpacked_and_padded(tiny_model) -> None:  # type: ignore[
     alone = []
     for s in samples:
         with torch.no_grad():
-            logits = tiny_model(input_ids=torch.tensor([s.input_ids])).logits[0]
+            logits = tiny_model(input_ids=torch.as_tensor(s.input_ids)[None]).logits[0]
         lp = torch.log_softmax(logits[s.prompt_len - 1 : -1], -1)
-        alone.append(lp.gather(-1, torch.tensor(s.input_ids[s.prompt_len :])[:, None]).squeeze(-1))
+        alone.append(
+            lp.gather(-1, torch.as_tensor(s.input_ids[s.prompt_len :])[:, None]).squeeze(-1)
+        )
     ref = torch.cat(alone)
     assert mb.input_ids.shape[0] == 1 and mb.num_tokens == mb.padded_tokens
     assert torch.allclose(packed, ref, atol=1e-5)

@@ -32,10 +32,10 @@ def sample(tid: str, temperature: float, seed: int, response_len: int = 7) -> Tr
 def teacher_forced(model: torch.nn.Module, s: TrainSequence, temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) of each response token, one sequence alone (no packing)."""
     with torch.no_grad():
-        logits = model(torch.tensor([s.input_ids])).logits[0].float()
+        logits = model(torch.as_tensor(s.input_ids)[None]).logits[0].float()
     rows = logits[s.prompt_len - 1 : s.length - 1] / temperature
     return torch.log_softmax(rows, -1).gather(
-        -1, torch.tensor(s.input_ids[s.prompt_len :])[:, None]
+        -1, torch.as_tensor(s.input_ids[s.prompt_len :])[:, None]
     )[:, 0]
 
 
@@ -71,7 +71,7 @@ def test_hand_checked_logprob_of_one_token() -> None:
     [s] = samples = [sample("a", 0.7, seed=2, response_len=1)]
     [old] = sequence_logprobs(samples, b, Policy.CURRENT, b.cfg)
     with torch.no_grad():
-        z = b.model(torch.tensor([s.input_ids])).logits[0, s.prompt_len - 1].double()
+        z = b.model(torch.as_tensor(s.input_ids)[None]).logits[0, s.prompt_len - 1].double()
     target = s.input_ids[s.prompt_len]
     # log p = z_t / T - log(sum_v exp(z_v / T)), written out.
     hand = float(z[target] / 0.7 - torch.log(torch.exp(z / 0.7).sum()))
@@ -104,7 +104,7 @@ def test_entropy_is_of_the_tempered_distribution() -> None:
     want = []
     for s, temp in zip(samples, (0.7, 1.3), strict=True):
         with torch.no_grad():
-            logits = b.model(torch.tensor([s.input_ids])).logits[0].float()
+            logits = b.model(torch.as_tensor(s.input_ids)[None]).logits[0].float()
         want.append(entropy_from_logits(logits[s.prompt_len - 1 : s.length - 1] / temp))
     torch.testing.assert_close(ent.detach(), torch.cat(want), atol=1e-5, rtol=0)
     # The loss path sees the same logprobs as the no-grad one.

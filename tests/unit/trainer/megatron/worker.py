@@ -47,7 +47,7 @@ def hf_reference(model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor]]: 
     dev = next(model.parameters()).device
     with torch.no_grad():
         for s in seqs:
-            ids = torch.tensor([s.input_ids], device=dev)
+            ids = torch.as_tensor(s.input_ids, device=dev)[None]
             logits = model(ids).logits[0].float() / s.temperature
             rows = logits[s.prompt_len - 1 : s.length - 1]
             logp = torch.log_softmax(rows, -1)
