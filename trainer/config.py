@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -155,6 +156,9 @@ class PushMode(StrEnum):
     NONE = "none"
     DISK = "disk"  # export HF dir + POST /update_weights_from_disk to every engine
     DISTRIBUTED = "distributed"  # searchr1.weightsync.sender.WeightSender (gloo/NCCL)
+    # searchr1.weightsync.handover.HandoverSender: /update_weights_from_tensor with handles to
+    # the trainer's memory (shared memory on CPU, CUDA IPC on GPU): engines on the same host/GPU
+    HANDOVER = "handover"
 
 
 class WeightPushConfig(Section):
@@ -179,6 +183,24 @@ class WeightPushConfig(Section):
         "SGLang, whose /get_model_info does not say (our engine does): set it to SGLang's --dtype.",
     )
     disk_dir: str | None = Field(default=None, description="Where disk pushes export weights.")
+    handover_format: Literal["searchr1", "sglang"] = Field(
+        default="searchr1",
+        description="mode=handover: `searchr1` for our engine (described handles, never a "
+        "pickle), `sglang` for SGLang (its own pickled handles, which it unpickles).",
+    )
+    handover_tp_size: int = Field(
+        default=1,
+        ge=1,
+        description="mode=handover: the engines' tensor-parallel size (SGLang takes one "
+        "serialized copy of each bucket per TP rank): inference.sglang.tp_size.",
+    )
+    release_engines_while_training: bool = Field(
+        default=False,
+        description="Colocated placement: before each training step the engines pause and "
+        "release their memory (KV cache and weights: /release_memory_occupation); after it they "
+        "resume the weights, take the push, then resume the KV cache and generate again. Sync "
+        "rollouts only: the engines are idle while the trainer trains.",
+    )
     retry_deadline_s: float = Field(
         default=600.0,
         ge=0,
@@ -187,6 +209,11 @@ class WeightPushConfig(Section):
         "on while the engines serve old weights (sync rollouts would wait for them forever).",
     )
     retry_backoff_s: float = Field(default=1.0, gt=0)
+    release_tags: list[str] = Field(
+        default=["kv_cache", "weights"],
+        description="What release_engines_while_training frees (SGLang's tags; cuda_graph too "
+        "where the engine captured graphs).",
+    )
     resync_check_s: float = Field(
         default=10.0,
         gt=0,
@@ -194,6 +221,26 @@ class WeightPushConfig(Section):
         "the trainer's version; one behind (restarted: version 0) gets the current weights "
         "again. Single-rank trainers only.",
     )
+
+    @model_validator(mode="after")
+    def _check_release(self) -> WeightPushConfig:
+        unknown = set(self.release_tags) - {"kv_cache", "weights", "cuda_graph"}
+        if unknown:
+            known = "kv_cache, weights, cuda_graph"
+            raise ValueError(f"release_tags: unknown {sorted(unknown)}; known: {known}")
+        if not self.release_engines_while_training:
+            return self
+        if self.mode != PushMode.HANDOVER:
+            raise ValueError(
+                "release_engines_while_training needs mode handover (colocated engines take "
+                f"the weights from the trainer's memory), not {self.mode.value}"
+            )
+        if "weights" in self.release_tags and self.every_steps != 1:
+            raise ValueError(
+                "release_engines_while_training with release_tags weights needs every_steps 1: "
+                "released weights come back only with a push"
+            )
+        return self
 
 
 class DType(StrEnum):

@@ -265,8 +265,9 @@ class TrainingLoop:
     async def run(self) -> None:
         self.status.running = True
         try:
-            if self._resumed and self.pusher.enabled:
-                # Engines may hold weights of steps lost in the crash: realign them.
+            if self.pusher.enabled and (self._resumed or self.pusher.releases_engines):
+                # Engines may hold weights of steps lost in the crash: realign them. Colocated,
+                # a crashed predecessor may also have left them released: the push resumes them.
                 await self._push(self.status.step)
             while not self._done():
                 t0 = time.perf_counter()
@@ -274,7 +275,10 @@ class TrainingLoop:
                 if trajs is None:
                     break
                 wait_s = time.perf_counter() - t0
+                release_s = await self._release_engines()
                 metrics = await self._train(trajs)
+                if release_s is not None:
+                    metrics["time/engine_release_s"] = release_s
                 metrics.update(
                     staleness_metrics([t.weight_version for t in trajs], self.status.step)
                 )
@@ -359,6 +363,17 @@ class TrainingLoop:
             await self.bus.forgive_held(keep=retried)
         except Exception:  # the crash that follows matters more than this bookkeeping
             log.exception("could not record the failed batch on the bus")
+
+    async def _release_engines(self) -> float | None:
+        """Colocated placement: the engines give their memory to this training step (sync
+        rollouts: they are idle, waiting for its weights); the push after it resumes them."""
+        if not self.pusher.releases_engines or self.info.rank != 0:
+            return None
+        try:
+            return await self.pusher.release_engines()
+        except Exception:
+            ERRORS.labels("engine_release").inc()
+            raise
 
     async def _push(self, step: int) -> dict[str, float]:
         """Push the weights of `step` as version `step`, retried until

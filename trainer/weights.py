@@ -9,6 +9,13 @@ the engines' version drift from the step that produced the weights.
 `distributed`: `searchr1.weightsync.sender.WeightSender` broadcasts the tensors (gloo on CPU,
 NCCL on GPU) to engines that joined its process group, driving them through the
 `inference.client.InferenceClient`s built here.
+`handover`: `searchr1.weightsync.handover.HandoverSender` hands the engines handles to the
+trainer's own memory (`/update_weights_from_tensor`): engines on the same host or GPU.
+
+Colocated placement (`release_engines_while_training`): before a training step the engines
+pause and release their memory (`release_engines`); a push first resumes their weights, hands
+the new ones over, then resumes the KV cache and lets generation continue (slime's
+`--colocate` order).
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from inference.client import InferenceClient, InferenceError
+from inference.client import InferenceBadRequest, InferenceClient, InferenceError
 from searchr1.weightsync.group import dtype_from_name
+from searchr1.weightsync.handover import HandoverSender
 from searchr1.weightsync.sender import WeightSender
 from trainer.backend import TrainerBackend
 from trainer.config import PushMode, WeightPushConfig
@@ -49,6 +58,40 @@ class WeightPusher:
     @property
     def enabled(self) -> bool:
         return self.cfg.mode != PushMode.NONE
+
+    @property
+    def releases_engines(self) -> bool:
+        return self.cfg.release_engines_while_training
+
+    def _clients(self) -> list[InferenceClient]:
+        return [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
+
+    async def release_engines(self) -> float:
+        """Colocated placement, before a training step (main rank): generation paused (running
+        requests retracted, to run again after the push) and the engines' memory freed for the
+        trainer. Returns the seconds it took."""
+        start = time.perf_counter()
+        clients = self._clients()
+        try:
+            await asyncio.gather(*(c.pause_generation("retract") for c in clients))
+            tags = list(self.cfg.release_tags)
+            await asyncio.gather(*(c.release_memory_occupation(tags) for c in clients))
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+        return time.perf_counter() - start
+
+    async def _resume(self, clients: list[InferenceClient], tags: list[str]) -> None:
+        """Resume `tags` one at a time; "not released" is fine (a trainer restarted after a
+        crash does not know what its predecessor released)."""
+        for tag in tags:
+            results = await asyncio.gather(
+                *(c.resume_memory_occupation([tag]) for c in clients), return_exceptions=True
+            )
+            for r in results:
+                if isinstance(r, InferenceBadRequest) and "not released" in str(r):
+                    continue
+                if isinstance(r, BaseException):
+                    raise r
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.cfg.every_steps == 0
@@ -81,6 +124,11 @@ class WeightPusher:
             if out is None:
                 return None
             version, nbytes = await self._update_from_disk(str(out), step), _dir_bytes(out)
+        elif self.cfg.mode == PushMode.HANDOVER:
+            named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
+            if not backend.is_main:
+                return None
+            version, nbytes = await self._hand_over(named, step)
         else:
             named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if not backend.is_main:
@@ -103,6 +151,31 @@ class WeightPusher:
             extra={"step": step, "weight_version": version, "seconds": seconds, "bytes": nbytes},
         )
         return PushResult(version, seconds, nbytes)
+
+    async def _hand_over(self, named: list[tuple[str, Any]], step: int) -> tuple[int, int]:
+        clients = self._clients()
+        release = self.releases_engines
+        tags = list(self.cfg.release_tags) if release else []
+        try:
+            # Weights (and graphs) back before the update; the KV cache after it, as slime does.
+            await self._resume(clients, [t for t in tags if t != "kv_cache"])
+            sender = HandoverSender(
+                clients,
+                format=self.cfg.handover_format,
+                device=named[0][1].device if named else "cpu",
+                bucket_bytes=self.cfg.bucket_bytes,
+                # Released engines are paused already: generation resumes after the KV cache.
+                pause_mode=None if release else "retract",
+                dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
+                tp_size=self.cfg.handover_tp_size,
+            )
+            stats = await sender.push(named, version=step)
+            if release:
+                await self._resume(clients, [t for t in tags if t == "kv_cache"])
+                await asyncio.gather(*(c.continue_generation() for c in clients))
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+        return int(stats.weight_version), int(stats.bytes)
 
     async def _update_from_disk(self, path: str, version: int) -> int:
         clients = [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]

@@ -121,3 +121,51 @@ async def test_each_engine_refuses_the_others_format(
         assert "load_format" in message and "never unpickles" in message
     # Either way the engine still serves.
     assert (await client.generate(PROMPT, max_new_tokens=2, temperature=0)).output_ids
+
+
+class StateDictBackend:
+    """What WeightPusher reads of a trainer backend: the main rank's named tensors."""
+
+    is_main = True
+
+    def __init__(self, model_dir: Path) -> None:
+        self.state = load_file(str(model_dir / "model.safetensors"))
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.state.items()
+
+
+async def test_trainer_colocated_cycle_release_train_hand_over_resume(
+    client: InferenceClient, server: Target, tiny_model_dir: Path, seed1_dir: Path
+) -> None:
+    """The trainer's side of colocation (trainer.weight_push: handover, release while training):
+    release before a step, then the push resumes the weights, hands them over, resumes the KV
+    cache and lets generation continue; a push with nothing released works too (a restarted
+    trainer does not know what its predecessor released)."""
+    from trainer.config import WeightPushConfig
+    from trainer.weights import WeightPusher
+
+    cfg = WeightPushConfig(
+        mode="handover",
+        engine_urls=[server.url],
+        handover_format="sglang" if server.is_sglang else "searchr1",
+        release_engines_while_training=True,
+    )
+    pusher = WeightPusher(cfg, token=TOKEN)
+    before = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    v0 = (await client.get_model_info())["weight_version"]
+
+    assert await pusher.release_engines() >= 0
+    if not server.is_sglang:  # SGLang's CPU build frees nothing (see the test above)
+        with pytest.raises(InferenceUnavailable, match="503"):
+            await client.generate(PROMPT, max_new_tokens=4)
+    result = await pusher.push(StateDictBackend(seed1_dir), v0 + 1)
+    assert result is not None and result.weight_version == v0 + 1
+    after = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert after.weight_version == v0 + 1 and after.output_ids != before.output_ids
+
+    # Nothing released now: the push's resumes are "not released" and it goes on.
+    result = await pusher.push(StateDictBackend(tiny_model_dir), v0 + 2)
+    assert result is not None and result.weight_version == v0 + 2
+    restored = await client.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert restored.output_ids == before.output_ids

@@ -44,7 +44,7 @@ def at_start_up() -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("stage", ["train_step", "weight_push"])
+@pytest.mark.parametrize("stage", ["train_step", "weight_push", "engine_release"])
 def test_trainer_errors(stage: str, at_start_up: str) -> None:
     assert exported("searchr1_trainer_errors_total", at_start_up, stage=stage) == 0.0
 
