@@ -4,6 +4,8 @@ For a Flat inner-product index there are two exact search paths. On one CPU core
 memory-bound and, for a batch of queries, slower than a torch matmul + top-k (platform spec;
 measured again in docs/benchmarks.md), and on a GPU faiss-cpu is not an option at all, so
 `flat_search: auto` uses torch over a zero-copy view of faiss's own vectors (a copy on GPU).
+Not for a handful of queries on a CPU, though: there torch takes a matrix-vector path that
+scans the vectors ~2.8x slower than faiss does, once per query (`_FAISS_MAX_QUERIES`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ log = logging.getLogger(__name__)
 # (64 x 1M fp32 = 256 MB) so a 21M-row corpus never allocates tens of GB at once.
 _TORCH_CHUNK_ROWS = 1 << 20
 
+# On a CPU, `flat_search: auto` hands a batch of at most this many queries to faiss. For 1-3
+# queries torch multiplies matrix by vector, once per query, at ~8.4 ms a query over 50,000 x 384
+# on one core, where faiss's scan takes ~3.0 ms a query; from 4 queries torch switches to a
+# matrix-matrix product (~13 ms for 4, ~19 ms for 16), which faiss's per-query scans (~11 and
+# ~48 ms) lose to from 5 on (docs/benchmarks.md, retriever section, 2026-11-27). A lone query
+# (concurrency 1, the inline path) is the case that matters: the reference server's faiss scan.
+_FAISS_MAX_QUERIES = 4
+
 
 class DenseIndex:
     """Exact or approximate nearest-neighbour search over passage vectors."""
@@ -38,6 +48,8 @@ class DenseIndex:
         self.ntotal = int(index.ntotal)
         self.dim = int(index.d)
         self._torch_vectors = None
+        # Batches of up to this many queries go to faiss even on the torch path (CPU, auto).
+        self.faiss_max_queries = 0
         faiss.omp_set_num_threads(cfg.torch_threads)
         typed = faiss.downcast_index(index)
         if isinstance(typed, faiss.IndexHNSW):
@@ -51,7 +63,10 @@ class DenseIndex:
             and cfg.flat_search != "faiss"
         )
         if use_torch:
-            self._torch_vectors = self._torch_view(typed, resolve_device(cfg.device))
+            device = resolve_device(cfg.device)
+            self._torch_vectors = self._torch_view(typed, device)
+            if cfg.flat_search == "auto" and device == "cpu":
+                self.faiss_max_queries = _FAISS_MAX_QUERIES
         self.search_path = "torch" if use_torch else "faiss"
 
     def _torch_view(self, flat, device: str):  # type: ignore[no-untyped-def]
@@ -73,7 +88,7 @@ class DenseIndex:
         k = min(k, self.ntotal)
         if k == 0 or len(queries) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        if self._torch_vectors is None:
+        if self._torch_vectors is None or len(queries) <= self.faiss_max_queries:
             scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
             return scores, ids
         return self._torch_search(queries, k)

@@ -73,3 +73,32 @@ def test_l2_flat_index_is_searched_by_faiss_not_the_inner_product_path():
     scores, ids = idx.search(np.array([[3, 3]], dtype=np.float32), 2)
     assert ids.tolist() == [[1, 0]]  # squared distances 1 and 18
     assert scores[0] == pytest.approx([1.0, 18.0])
+
+
+def test_auto_on_cpu_searches_a_few_queries_with_faiss_and_batches_with_torch(monkeypatch):
+    # torch's matrix-vector path scans ~2.8x slower than faiss for 1-3 queries on a CPU: a lone
+    # query (concurrency 1) is searched by faiss, a batch by torch; the hits are the same.
+    rng = np.random.default_rng(2)
+    vecs = rng.standard_normal((300, 16)).astype(np.float32)
+    qs = rng.standard_normal((9, 16)).astype(np.float32)
+    auto = DenseIndex(_flat(vecs), DenseConfig(device="cpu"))
+    forced = DenseIndex(_flat(vecs), DenseConfig(flat_search="torch", device="cpu"))
+    assert auto.search_path == "torch"
+    assert auto.faiss_max_queries == dense_mod._FAISS_MAX_QUERIES == 4
+    assert forced.faiss_max_queries == 0
+    torch_calls: list[int] = []
+    real = DenseIndex._torch_search
+
+    def counting(self, queries, k):
+        torch_calls.append(len(queries))
+        return real(self, queries, k)
+
+    monkeypatch.setattr(DenseIndex, "_torch_search", counting)
+    for n in (1, 4, 5, 9):
+        scores, ids = auto.search(qs[:n], 5)
+        expect = np.argsort(-(qs[:n] @ vecs.T), axis=1)[:, :5]
+        assert ids.tolist() == expect.tolist()
+        assert scores == pytest.approx(np.take_along_axis(qs[:n] @ vecs.T, expect, 1), rel=1e-5)
+    assert torch_calls == [5, 9]
+    forced.search(qs[:1], 5)  # flat_search: torch means torch, whatever the batch
+    assert torch_calls == [5, 9, 1]
