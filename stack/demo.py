@@ -78,6 +78,9 @@ class DemoConfig:
     # "search-r1" (Search-R1's tags, one tool) or "multi-tool" (search + an MCP calculator in
     # the function-calling format: stack/task_multitool.py)
     task: str = "search-r1"
+    # "disaggregated" (weights broadcast over gloo) or "colocated": the engines release their
+    # memory while the trainer trains and take its weights from shared memory (docs/deploy.md)
+    placement: str = "disaggregated"
 
     @classmethod
     def quick_mode(cls, out_dir: Path, seed: int = 0, **chosen: Any) -> DemoConfig:
@@ -251,6 +254,16 @@ def write_stack_config(
         data["inference"]["sglang"] = cpu_settings(cfg.sglang_python)
         # SGLang does not report its dtype: the trainer casts to the one it was started with.
         data["trainer"]["weight_push"]["dtype"] = data["inference"]["sglang"]["dtype"]
+    if cfg.placement == "colocated":
+        if data["orchestrator"].get("mode", "sync") != "sync":
+            raise ValueError("placement colocated runs sync rollouts only")
+        data["placement"] = "colocated"
+        push = data["trainer"]["weight_push"]
+        push.update(mode="handover", release_engines_while_training=True)
+        push.pop("master_port", None)
+        push.pop("backend", None)
+        if cfg.engine == "sglang":
+            push["handover_format"] = "sglang"
     path = out / "stack.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

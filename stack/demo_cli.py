@@ -55,6 +55,12 @@ def demo(
         help="search-r1: Search-R1's tags, one tool (search); multi-tool: questions that need a "
         "search and arithmetic, search + an MCP calculator in the function-calling format.",
     ),
+    placement: str = typer.Option(
+        "disaggregated",
+        help="disaggregated (weights broadcast to the engines) or colocated (the engines "
+        "release their memory while the trainer trains and take its weights from shared "
+        "memory, as slime's --colocate; sync only).",
+    ),
 ) -> None:
     """Offline end-to-end demo: a tiny model learns to search a synthetic world with GRPO."""
     if engine not in ("torch", "sglang"):
@@ -68,6 +74,11 @@ def demo(
         )
         raise typer.Exit(2)
     _check_trainer_backend(trainer_backend)
+    if placement not in ("disaggregated", "colocated"):
+        typer.secho(
+            f"error: --placement must be disaggregated or colocated (got {placement!r})", err=True
+        )
+        raise typer.Exit(2)
     if task not in TASKS:
         typer.secho(f"error: --task must be {' or '.join(TASKS)} (got {task!r})", err=True)
         raise typer.Exit(2)
@@ -91,6 +102,7 @@ def demo(
         "dynamic_sampling": dynamic_sampling,
         "warm_start_from": warm_start_from.resolve() if warm_start_from else None,
         "task": task,
+        "placement": placement,
     }
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)

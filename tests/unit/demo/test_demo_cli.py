@@ -61,6 +61,21 @@ def test_dynamic_sampling_and_a_training_seed_reach_the_stack_config(tmp_path: P
     assert plain.orchestrator.rollout.group_filter is None and plain.orchestrator.data.seed == 0
 
 
+def test_colocated_placement_reaches_the_stack_config(tmp_path: Path) -> None:
+    cfg = DemoConfig.quick_mode(tmp_path / "out", placement="colocated")
+    (tmp_path / "out").mkdir()
+    loaded = load_config(write_stack_config(cfg, tmp_path / "i", tmp_path / "m", _rows(tmp_path)))
+    push = loaded.trainer.weight_push
+    assert loaded.placement == "colocated" and loaded.orchestrator.mode == "sync"
+    assert push.mode == "handover" and push.release_engines_while_training
+    assert push.handover_format == "searchr1"
+
+
+def test_unknown_placement_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.app, ["demo", "--out", str(tmp_path), "--placement", "x"])
+    assert result.exit_code == 2 and "--placement" in result.output
+
+
 def test_a_warm_start_to_reuse_must_exist(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli.app,
