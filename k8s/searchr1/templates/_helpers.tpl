@@ -137,12 +137,39 @@ affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 
-{{/* Engine URLs, one per inference pod (stable StatefulSet DNS names), as a JSON list. */}}
+{{/* Colocated placement (placement: colocated): the stack-level settings it needs (stack.config
+checks them together), in every searchr1 container so that each one's view of the stack is a
+valid one. (dict "root" $ "trainer" true): without the push settings, which the trainer
+container sets itself. */}}
+{{- define "searchr1.placementEnv" -}}
+- name: SEARCHR1_PLACEMENT
+  value: colocated
+- name: SEARCHR1_ORCHESTRATOR__MODE
+  value: sync
+{{- if not .trainer }}
+- name: SEARCHR1_TRAINER__WEIGHT_PUSH__MODE
+  value: handover
+- name: SEARCHR1_TRAINER__WEIGHT_PUSH__RELEASE_ENGINES_WHILE_TRAINING
+  value: "true"
+{{- end }}
+{{- end -}}
+
+{{/* Engine URLs, one per inference pod (stable StatefulSet DNS names), as a JSON list.
+Colocated placement: one per engine container of every trainer pod (Indexed Job DNS names,
+port inference.port + j). */}}
 {{- define "searchr1.engineUrls" -}}
 {{- $full := include "searchr1.fullname" . -}}
 {{- $urls := list -}}
+{{- if eq .Values.placement "colocated" -}}
+{{- range $i := until (int .Values.trainer.nodes) -}}
+{{- range $j := until (int $.Values.colocated.enginesPerNode) -}}
+{{- $urls = append $urls (printf "http://%s-trainer-%d.%s-trainer:%d" $full $i $full (add (int $.Values.inference.port) $j)) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
 {{- range $i := until (int .Values.inference.replicas) -}}
 {{- $urls = append $urls (printf "http://%s-inference-%d.%s-inference:%d" $full $i $full (int $.Values.inference.port)) -}}
+{{- end -}}
 {{- end -}}
 {{- toJson $urls -}}
 {{- end -}}
