@@ -260,6 +260,7 @@ def write_stack_config(
         data["placement"] = "colocated"
         push = data["trainer"]["weight_push"]
         push.update(mode="handover", release_engines_while_training=True)
+        data["trainer"]["offload_between_steps"] = ["optimizer", "reference"]
         push.pop("master_port", None)
         push.pop("backend", None)
         if cfg.engine == "sglang":

@@ -110,6 +110,15 @@ class TrainerBackend(ABC):
         optimizer's state (an export)."""
         raise NotImplementedError
 
+    def offload(self, parts: Sequence[str]) -> int:
+        """Colocated placement, between steps: move `parts` (`trainer.offload.OFFLOADABLE`) off
+        the device; returns the bytes moved. Default: nothing (a backend that cannot)."""
+        return 0
+
+    def reload(self, parts: Sequence[str]) -> int:
+        """Inverse of `offload`, before the next step; returns the bytes moved."""
+        return 0
+
     @abstractmethod
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters with Hugging Face names and layouts, for weight pushes

@@ -287,6 +287,12 @@ class TrainerConfig(Section):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     weight_push: WeightPushConfig = Field(default_factory=WeightPushConfig)
+    offload_between_steps: list[Literal["optimizer", "reference"]] = Field(
+        default_factory=list,
+        description="Colocated placement: what leaves the device after each push, while the "
+        "engines generate on it, and comes back before the next step: `optimizer` (Adam's "
+        "state), `reference` (the KL reference model). The hf backend; others keep all.",
+    )
     lease_ttl_s: float = Field(
         default=15.0,
         gt=0,

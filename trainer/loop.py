@@ -276,6 +276,7 @@ class TrainingLoop:
                     break
                 wait_s = time.perf_counter() - t0
                 release_s = await self._release_engines()
+                self._move_between_steps("reload")
                 metrics = await self._train(trajs)
                 if release_s is not None:
                     metrics["time/engine_release_s"] = release_s
@@ -287,6 +288,9 @@ class TrainingLoop:
                 metrics["time/wait_data_s"] = wait_s
                 if self.pusher.due(step):
                     metrics.update(await self._push(step))
+                offloaded = self._move_between_steps("offload")
+                if offloaded is not None:
+                    metrics["offload/bytes"] = float(offloaded)
                 # Every rank must agree: the checkpoint is collective.
                 stopping = broadcast_object(self.stop_event.is_set() or self._done(), self.info)
                 if self.ckpt is None:
@@ -363,6 +367,15 @@ class TrainingLoop:
             await self.bus.forgive_held(keep=retried)
         except Exception:  # the crash that follows matters more than this bookkeeping
             log.exception("could not record the failed batch on the bus")
+
+    def _move_between_steps(self, direction: str) -> int | None:
+        """Colocated placement: `trainer.offload_between_steps` off the device after a step
+        (the engines generate on it meanwhile) and back before the next; bytes moved."""
+        parts = self.cfg.offload_between_steps
+        if not parts:
+            return None
+        move = self.backend.offload if direction == "offload" else self.backend.reload
+        return move(parts)
 
     async def _release_engines(self) -> float | None:
         """Colocated placement: the engines give their memory to this training step (sync

@@ -31,6 +31,7 @@ from trainer.config import DType, LRSchedule, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
 from trainer.export import write_hf_dir
 from trainer.losses import entropy_from_logits
+from trainer.offload import move_module, move_optimizer_state
 
 T = TypeVar("T")
 
@@ -240,6 +241,20 @@ class HFBackend(TrainerBackend):
             dist.broadcast_object_list(meta, src=0)
         self.scheduler.load_state_dict(meta[0])
         self._steps = int(meta[1])
+
+    def offload(self, parts: Sequence[str]) -> int:
+        return self._move(parts, torch.device("cpu"))
+
+    def reload(self, parts: Sequence[str]) -> int:
+        return self._move(parts, self.device)
+
+    def _move(self, parts: Sequence[str], device: torch.device) -> int:
+        moved = 0
+        if "optimizer" in parts:
+            moved += move_optimizer_state(self.optimizer, device)
+        if "reference" in parts:
+            moved += move_module(self.ref_model, device)
+        return moved
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         sd = get_model_state_dict(self.model, options=self._sd_options())

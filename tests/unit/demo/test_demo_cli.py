@@ -69,6 +69,7 @@ def test_colocated_placement_reaches_the_stack_config(tmp_path: Path) -> None:
     assert loaded.placement == "colocated" and loaded.orchestrator.mode == "sync"
     assert push.mode == "handover" and push.release_engines_while_training
     assert push.handover_format == "searchr1"
+    assert loaded.trainer.offload_between_steps == ["optimizer", "reference"]
 
 
 def test_unknown_placement_exits_2(tmp_path: Path) -> None:
