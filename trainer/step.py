@@ -136,6 +136,8 @@ def sequence_logprobs(
     mbs = rank_microbatches(sequences, backend, cfg) if microbatches is None else microbatches
     local: dict[int, torch.Tensor] = {}
     for mb, logp in zip(mbs, backend.logprobs(mbs, policy), strict=True):
+        if not mb.samples:  # a rank's dummy micro-batch (it ran out of samples)
+            continue
         # A micro-batch's tokens run sample by sample (MicroBatch.sample_index is sorted).
         parts = logp.split([sequences[i].response_len for i in mb.samples])
         local.update(zip(mb.samples, parts, strict=True))
