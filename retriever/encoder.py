@@ -7,6 +7,7 @@ index manifest so queries are always encoded exactly as the passages were.
 
 from __future__ import annotations
 
+import atexit
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -154,6 +155,9 @@ class EncoderProcess:
         )
         self._proc.start()
         child.close()
+        # Closed at exit if nobody did: multiprocessing's own exit handler would SIGTERM the
+        # child, which ignores it, and wait for it forever. atexit runs this one first (LIFO).
+        atexit.register(self.close)
         try:
             status, payload = self._conn.recv()
         except EOFError:
@@ -183,6 +187,7 @@ class EncoderProcess:
     def close(self) -> None:
         import contextlib
 
+        atexit.unregister(self.close)
         with contextlib.suppress(OSError):
             self._conn.send(None)
         self._proc.join(timeout=10)

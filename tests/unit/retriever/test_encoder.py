@@ -47,3 +47,21 @@ def test_encoder_process_matches_in_process_and_reports_death(local):
 def test_encoder_process_start_failure_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         EncoderProcess(EncoderSpec(model_path=str(tmp_path / "nope")), device="cpu")
+
+
+def test_a_script_that_never_closes_the_encoder_process_still_exits() -> None:
+    # The child ignores SIGTERM (the parent decides when it stops); multiprocessing's exit
+    # handler terminates daemonic children with SIGTERM and then waits for them: forever.
+    import subprocess
+    import sys
+
+    code = (
+        "from retriever.encoder import DEFAULT_ENCODER, EncoderProcess, EncoderSpec\n"
+        "p = EncoderProcess(EncoderSpec(model_path=DEFAULT_ENCODER, max_length=8), device='cpu')\n"
+        "print(p.encode(['q'], is_query=True).shape)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env
+    )
+    assert out.returncode == 0 and "(1, 384)" in out.stdout, out.stderr[-2000:]
