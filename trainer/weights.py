@@ -54,6 +54,13 @@ class WeightPusher:
         self.cfg = cfg
         self.token = token
         self._sender: WeightSender | None = None
+        # Whether the engines may hold released memory that the next push must resume. Our
+        # engine answers "not released" to a needless resume, so at start-up it is assumed (a
+        # crashed predecessor may have left them released); SGLang drops the connection and
+        # dies instead, so it is resumed only after this trainer's own release.
+        self._maybe_released = cfg.release_engines_while_training and (
+            cfg.handover_format == "searchr1"
+        )
 
     @property
     def enabled(self) -> bool:
@@ -75,6 +82,7 @@ class WeightPusher:
         try:
             await asyncio.gather(*(c.pause_generation("retract") for c in clients))
             tags = list(self.cfg.release_tags)
+            self._maybe_released = True
             await asyncio.gather(*(c.release_memory_occupation(tags) for c in clients))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
@@ -155,7 +163,7 @@ class WeightPusher:
     async def _hand_over(self, named: list[tuple[str, Any]], step: int) -> tuple[int, int]:
         clients = self._clients()
         release = self.releases_engines
-        tags = list(self.cfg.release_tags) if release else []
+        tags = list(self.cfg.release_tags) if self._maybe_released else []
         try:
             # Weights (and graphs) back before the update; the KV cache after it, as slime does.
             await self._resume(clients, [t for t in tags if t != "kv_cache"])
@@ -172,6 +180,7 @@ class WeightPusher:
             stats = await sender.push(named, version=step)
             if release:
                 await self._resume(clients, [t for t in tags if t == "kv_cache"])
+                self._maybe_released = False
                 await asyncio.gather(*(c.continue_generation() for c in clients))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))

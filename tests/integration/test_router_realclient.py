@@ -73,7 +73,10 @@ async def test_generate_through_the_router_is_what_an_engine_answers(
         want = await direct.generate(PROMPT, max_new_tokens=8, temperature=0)
     for _ in range(2):  # round robin: both engines
         got = await client.generate(PROMPT, max_new_tokens=8, temperature=0)
-        assert got.output_ids == want.output_ids and got.logprobs == want.logprobs
+        assert got.output_ids == want.output_ids
+        # The engine that answered `want` holds the prompt in its prefix cache; served from it,
+        # logprobs agree within 1e-5 (the cache's bound, docs/inference.md), not bit for bit.
+        assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-5
 
 
 async def test_a_flush_the_workers_refused_is_a_failure(
