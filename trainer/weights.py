@@ -54,13 +54,13 @@ class WeightPusher:
         self.cfg = cfg
         self.token = token
         self._sender: WeightSender | None = None
-        # Whether the engines may hold released memory that the next push must resume. Our
-        # engine answers "not released" to a needless resume, so at start-up it is assumed (a
-        # crashed predecessor may have left them released); SGLang drops the connection and
-        # dies instead, so it is resumed only after this trainer's own release.
-        self._maybe_released = cfg.release_engines_while_training and (
-            cfg.handover_format == "searchr1"
-        )
+        # The tags the engines may hold released, which the next push resumes (each once: a
+        # retried push does not resume again). Our engine answers "not released" to a needless
+        # resume, so at start-up all are assumed (a crashed predecessor may have left them
+        # released); SGLang drops the connection and dies instead, so it is resumed only after
+        # this trainer's own release.
+        ours = cfg.handover_format == "searchr1"
+        self._released = set(cfg.release_tags) if self.releases_engines and ours else set()
 
     @property
     def enabled(self) -> bool:
@@ -82,16 +82,16 @@ class WeightPusher:
         try:
             await asyncio.gather(*(c.pause_generation("retract") for c in clients))
             tags = list(self.cfg.release_tags)
-            self._maybe_released = True
+            self._released |= set(tags)
             await asyncio.gather(*(c.release_memory_occupation(tags) for c in clients))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
         return time.perf_counter() - start
 
     async def _resume(self, clients: list[InferenceClient], tags: list[str]) -> None:
-        """Resume `tags` one at a time; "not released" is fine (a trainer restarted after a
-        crash does not know what its predecessor released)."""
-        for tag in tags:
+        """Resume those of `tags` that may be released, one at a time; "not released" is fine
+        (a trainer restarted after a crash does not know what its predecessor released)."""
+        for tag in (t for t in tags if t in self._released):
             results = await asyncio.gather(
                 *(c.resume_memory_occupation([tag]) for c in clients), return_exceptions=True
             )
@@ -100,6 +100,7 @@ class WeightPusher:
                     continue
                 if isinstance(r, BaseException):
                     raise r
+            self._released.discard(tag)
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.cfg.every_steps == 0
@@ -111,7 +112,7 @@ class WeightPusher:
             # One sender for the trainer's life: its rendezvous store holds master_port, and a
             # reconnect after a failure reuses it.
             self._sender = WeightSender(
-                [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls],
+                self._clients(),
                 master_addr=self.cfg.master_addr,
                 master_port=self.cfg.master_port,
                 backend=self.cfg.backend,
@@ -132,25 +133,23 @@ class WeightPusher:
             if out is None:
                 return None
             version, nbytes = await self._update_from_disk(str(out), step), _dir_bytes(out)
-        elif self.cfg.mode == PushMode.HANDOVER:
-            named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
-            if not backend.is_main:
-                return None
-            version, nbytes = await self._hand_over(named, step)
         else:
             named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if not backend.is_main:
                 return None
-            try:
-                await self.connect()
-                assert self._sender is not None
-                stats = await self._sender.push(named, version=step)
-            except Exception:
-                # The weight group may be broken (an engine restarted): a new one next time.
-                if self._sender is not None:
-                    self._sender.disconnect()
-                raise
-            version, nbytes = int(stats.weight_version), int(stats.bytes)
+            if self.cfg.mode == PushMode.HANDOVER:
+                version, nbytes = await self._hand_over(named, step)
+            else:
+                try:
+                    await self.connect()
+                    assert self._sender is not None
+                    stats = await self._sender.push(named, version=step)
+                except Exception:
+                    # The weight group may be broken (an engine restarted): a new one next time.
+                    if self._sender is not None:
+                        self._sender.disconnect()
+                    raise
+                version, nbytes = int(stats.weight_version), int(stats.bytes)
         seconds = time.perf_counter() - start
         PUSH_SECONDS.observe(seconds)
         WEIGHT_VERSION.set(version)
@@ -163,10 +162,9 @@ class WeightPusher:
     async def _hand_over(self, named: list[tuple[str, Any]], step: int) -> tuple[int, int]:
         clients = self._clients()
         release = self.releases_engines
-        tags = list(self.cfg.release_tags) if self._maybe_released else []
         try:
             # Weights (and graphs) back before the update; the KV cache after it, as slime does.
-            await self._resume(clients, [t for t in tags if t != "kv_cache"])
+            await self._resume(clients, [t for t in self.cfg.release_tags if t != "kv_cache"])
             sender = HandoverSender(
                 clients,
                 format=self.cfg.handover_format,
@@ -179,15 +177,14 @@ class WeightPusher:
             )
             stats = await sender.push(named, version=step)
             if release:
-                await self._resume(clients, [t for t in tags if t == "kv_cache"])
-                self._maybe_released = False
+                await self._resume(clients, ["kv_cache"])
                 await asyncio.gather(*(c.continue_generation() for c in clients))
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
         return int(stats.weight_version), int(stats.bytes)
 
     async def _update_from_disk(self, path: str, version: int) -> int:
-        clients = [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
+        clients = self._clients()
         try:
             versions = await asyncio.gather(
                 *(c.update_weights_from_disk(path, version=version) for c in clients)
