@@ -254,9 +254,7 @@ def write_stack_config(
         data["inference"]["sglang"] = cpu_settings(cfg.sglang_python)
         # SGLang does not report its dtype: the trainer casts to the one it was started with.
         data["trainer"]["weight_push"]["dtype"] = data["inference"]["sglang"]["dtype"]
-    if cfg.placement == "colocated":
-        if data["orchestrator"].get("mode", "sync") != "sync":
-            raise ValueError("placement colocated runs sync rollouts only")
+    if cfg.placement == "colocated":  # sync only: the stack config refuses async with it
         data["placement"] = "colocated"
         push = data["trainer"]["weight_push"]
         push.update(mode="handover", release_engines_while_training=True)

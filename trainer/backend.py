@@ -111,8 +111,8 @@ class TrainerBackend(ABC):
         raise NotImplementedError
 
     def offload(self, parts: Sequence[str]) -> int:
-        """Colocated placement, between steps: move `parts` (`trainer.offload.OFFLOADABLE`) off
-        the device; returns the bytes moved. Default: nothing (a backend that cannot)."""
+        """Colocated placement, between steps: move `parts` (`trainer.offload_between_steps`)
+        off the device; returns the bytes moved. Default: nothing (a backend that cannot)."""
         return 0
 
     def reload(self, parts: Sequence[str]) -> int:

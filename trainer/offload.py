@@ -15,8 +15,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-OFFLOADABLE = ("optimizer", "reference")
-
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> int:
     """Every state tensor of `optimizer` to `device`; returns the bytes moved (0 when already
