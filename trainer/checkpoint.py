@@ -13,10 +13,14 @@ on a volume every rank sees; the temporary directory's name is the same on every
 The receipts stored are those of every trajectory trained since the previous checkpoint: the
 loop acknowledges them on the bus only after this checkpoint is durable, and re-acknowledges
 them on resume (the crash may have hit between the two).
+
+A save that finds no room raises `CheckpointDiskFull` after removing what it had written: the
+last good checkpoint stays `latest`, and the loop trains on and tries again at the next one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -39,6 +43,27 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 PREFIX = "step_"
 SHARDS = "shards"
+# A failed write with less room than this left is a full disk: torch.save reports ENOSPC only
+# as "unexpected pos", and a failure on another rank arrives as that rank's message.
+NEARLY_FULL_BYTES = 2**20
+
+
+class CheckpointDiskFull(OSError):
+    """A checkpoint could not be written for want of room under `trainer.checkpoint.dir`."""
+
+
+def _is_disk_full(error: BaseException, root: Path) -> bool:
+    e: BaseException | None = error
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "os error 28" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(root).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 @dataclass
@@ -120,16 +145,37 @@ class CheckpointManager:
 
     def save(self, backend: TrainerBackend, state: TrainerState) -> Path | None:
         """Collective: every rank calls it; the main rank writes (with sharded checkpoints,
-        every rank writes its shards). Returns the path on the main rank."""
+        every rank writes its shards). Returns the path on the main rank. No room left:
+        `CheckpointDiskFull` (on every rank when a shard did not fit), nothing partial kept."""
         final = self.path_for(state.step)
+        sharded = backend.sharded_checkpoints
+        tmp = self.root / (
+            f".{final.name}.tmp-shards" if sharded else f".{final.name}.tmp-{os.getpid()}"
+        )
+        try:
+            return self._write(backend, state, final, tmp)
+        except Exception as e:
+            if not _is_disk_full(e, self.root):
+                raise
+            if backend.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(self.root).free
+            raise CheckpointDiskFull(
+                errno.ENOSPC,
+                f"checkpoint of step {state.step} not written: disk full ({free} bytes free "
+                f"after removing the partial checkpoint)",
+                str(self.root),
+            ) from e
+
+    def _write(
+        self, backend: TrainerBackend, state: TrainerState, final: Path, tmp: Path
+    ) -> Path | None:
         if backend.sharded_checkpoints:
-            tmp = self.root / f".{final.name}.tmp-shards"
             if backend.is_main:
                 self._fresh(tmp)
             full = backend.save_shards(tmp / SHARDS)  # starts with a barrier
         else:
             full = backend.full_state()
-            tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
             if backend.is_main:
                 self._fresh(tmp)
         if not backend.is_main:

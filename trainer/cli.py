@@ -12,6 +12,7 @@ from searchr1.cli_common import ConfigOption, add_show_config, load_or_exit, sta
 from searchr1.settings import ConfigError
 from trainer.checkpoint import SHARDS, CheckpointManager
 from trainer.config import CheckpointConfig, TrainerSettings
+from trainer.dist import close_distributed
 from trainer.wiring import export_checkpoint, run_trainer
 
 app = typer.Typer(
@@ -63,6 +64,8 @@ def run(
         code = asyncio.run(run_trainer(cfg, resume=resume))
     except ConfigError as e:
         raise _fail(str(e)) from None
+    if code == 0:
+        close_distributed()
     raise typer.Exit(code)
 
 

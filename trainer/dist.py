@@ -43,6 +43,15 @@ def init_distributed(device_name: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
+def close_distributed() -> None:
+    """Destroy every process group, on a clean exit only. A gloo group left to the interpreter's
+    teardown can abort the process ("terminate called without an active exception",
+    pytorch#190489); after a failure it is skipped, since destroying a group while peers still
+    run collectives can hang (torchtitan does the same)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def all_reduce_sum(values: dict[str, float], info: DistInfo) -> dict[str, float]:
     if not info.distributed or not values:
         return values

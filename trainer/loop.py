@@ -30,7 +30,7 @@ from searchr1.bus import Delivery, Receipt, TrajectoryBus
 from searchr1.rundir import METRICS_STEP, METRICS_TRAJECTORY_IDS
 from searchr1.sections import RunConfig
 from trainer.backend import TrainerBackend
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpoint import CheckpointDiskFull, CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
 from trainer.dist import DistInfo, broadcast_object
 from trainer.metrics import (
@@ -150,6 +150,7 @@ class TrainingLoop:
         self._batch: list[Delivery] = []  # rank 0: the deliveries of the step being trained
         self._unacked: list[Receipt] = []  # trained since the last durable checkpoint
         self._checkpointed_step = 0
+        self._disk_full = False  # the last checkpoint met a full disk (logged once per spell)
         self._resumed = False
         self._last_resync_check = time.monotonic()
         self._ended: str | None = None  # rank 0: the producer's reason for publishing no more
@@ -296,7 +297,9 @@ class TrainingLoop:
                 if self.ckpt is None:
                     await self._ack()  # nothing is durable beyond the bus itself
                 elif step % self.cfg.checkpoint.every_steps == 0 or stopping:
-                    metrics["time/checkpoint_s"] = await self._checkpoint()
+                    seconds = await self._checkpoint(final=stopping)
+                    if seconds is not None:
+                        metrics["time/checkpoint_s"] = seconds
                 step_s = time.perf_counter() - t0
                 metrics["time/step_s"] = step_s
                 metrics["throughput/tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(
@@ -307,7 +310,7 @@ class TrainingLoop:
             # Stopped while waiting for data: make the steps since the last checkpoint durable.
             pending = self.ckpt is not None and self.status.step > self._checkpointed_step
             if broadcast_object(pending, self.info):
-                await self._checkpoint()
+                await self._checkpoint(final=True)
             ended = broadcast_object(self._ended, self.info)
             if ended is not None and not self._done():
                 raise DataEnded(
@@ -429,7 +432,11 @@ class TrainingLoop:
         self.status.weight_version = res.weight_version
         return {**out, "time/weight_push_s": res.seconds, "weight_push/bytes": float(res.bytes)}
 
-    async def _checkpoint(self) -> float:
+    async def _checkpoint(self, *, final: bool = False) -> float | None:
+        """Save and then ack. A full disk is counted and logged once, and training goes on
+        (the steps since the last good checkpoint stay unacked and go into the next one);
+        the `final` save of a stopping run raises it instead: the restart resumes from the
+        last good checkpoint. Returns the seconds taken, None when nothing was saved."""
         assert self.ckpt is not None
         start = time.perf_counter()
         state = TrainerState(
@@ -437,7 +444,23 @@ class TrainingLoop:
             receipts=list(self._unacked),
             weight_version=self.status.weight_version,
         )
-        await asyncio.to_thread(self.ckpt.save, self.backend, state)
+        try:
+            await asyncio.to_thread(self.ckpt.save, self.backend, state)
+        except CheckpointDiskFull as e:
+            ERRORS.labels("checkpoint_disk_full").inc()
+            if final:
+                raise
+            if not self._disk_full:
+                log.error(
+                    "checkpoint not written, disk full: training goes on, the steps since "
+                    "the last good checkpoint are saved with the next one",
+                    extra={"step": state.step, "error": str(e), "unacked": len(self._unacked)},
+                )
+            self._disk_full = True
+            return None
+        if self._disk_full:
+            log.info("checkpoint written again after a full disk", extra={"step": state.step})
+            self._disk_full = False
         self._checkpointed_step = state.step
         seconds = time.perf_counter() - start
         CHECKPOINT_SECONDS.observe(seconds)

@@ -39,7 +39,7 @@ CHECKPOINT_SECONDS = Histogram(
 )
 ERRORS = Counter("searchr1_trainer_errors_total", "Failures by stage", ["stage"])
 # Exported at 0 from start-up: a dashboard's rate() shows 0, not "No data", until a fault.
-for _stage in ("train_step", "weight_push", "engine_release"):
+for _stage in ("train_step", "weight_push", "engine_release", "checkpoint_disk_full"):
     ERRORS.labels(_stage)
 
 

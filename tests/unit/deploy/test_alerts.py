@@ -40,6 +40,7 @@ EXPECTED_ALERTS = {
     "SearchR1EngineWeightVersionSkew",
     "SearchR1RetrieverBreakerOpen",
     "SearchR1TrainerLeaseLost",
+    "SearchR1CheckpointDiskFull",
 }
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

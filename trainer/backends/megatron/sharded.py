@@ -156,8 +156,18 @@ def save_shards(backend: MegatronBackend, directory: Path) -> dict[str, Any]:
                     )
                 )
                 shapes[f"{kind}/{block.key}"] = p.shape
-    write_rank(directory, dist.get_rank(), items, shapes)
-    dist.barrier()  # every rank's file is complete
+    error: Exception | None = None
+    try:
+        write_rank(directory, dist.get_rank(), items, shapes)
+    except Exception as e:  # the other ranks must hear of it, not wait at a barrier
+        error = e
+    failures: list[str | None] = [None] * dist.get_world_size()
+    mine = None if error is None else f"rank {dist.get_rank()}: {error}"
+    dist.all_gather_object(failures, mine)  # also the barrier: every rank's file is done
+    if error is not None:
+        raise error
+    if any(failures):
+        raise OSError(f"a shard was not written: {'; '.join(f for f in failures if f)}")
     if dist.get_rank() == 0:
         write_index(directory, dist.get_world_size(), {"layout": _layout_json(layout)})
     return {"optimizer_steps": backend.optimizer_steps, "train_steps": backend._train_steps}

@@ -25,7 +25,7 @@ from trainer.backends.megatron.backend import MegatronBackend
 from trainer.batching import build_microbatch, sequence_from_trajectory
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
-from trainer.dist import DistInfo
+from trainer.dist import DistInfo, close_distributed
 from trainer.step import train_on
 
 
@@ -83,3 +83,4 @@ def _equal(a: object, b: object) -> bool:
 
 if __name__ == "__main__":
     main()
+    close_distributed()

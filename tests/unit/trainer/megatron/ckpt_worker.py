@@ -20,7 +20,7 @@ from tests.unit.trainer.conftest import make_batch
 from trainer.backends.megatron.backend import load_megatron_backend
 from trainer.checkpoint import CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
-from trainer.dist import DistInfo
+from trainer.dist import DistInfo, close_distributed
 from trainer.step import train_on
 
 
@@ -37,3 +37,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    close_distributed()

@@ -3,7 +3,12 @@ backend through the trainer's `CheckpointManager`.
 
     torchrun --nproc-per-node N dist_ckpt_worker.py save TP PP CKPT_DIR REF_DIR
     torchrun --nproc-per-node N dist_ckpt_worker.py resume TP PP CKPT_DIR REF_DIR
+    torchrun --nproc-per-node 2 dist_ckpt_worker.py full TP PP CKPT_DIR REF_DIR
 
+`full` (CKPT_DIR on a small filesystem of its own): one GRPO step, then a checkpoint whose
+rank-1 shard meets a real ENOSPC (rank 1 fills the disk once rank 0's shard is written):
+every rank raises `CheckpointDiskFull` (none waits at a barrier), nothing partial is left,
+and once there is room the next save works on every rank; rank 0 writes `full.json`.
 `save`: one GRPO step, a checkpoint (gathering the full state is forbidden meanwhile: every
 rank writes its own shards), then a fresh backend at the same layout loads it: the same state
 (weights and Adam's moments, gathered in HF names), the same trainer state, and the next step
@@ -14,9 +19,11 @@ layout loads the checkpoint; rank 0 writes the differences from the reference as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from searchr1.bus import Receipt
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.backends.megatron import sharded
-from trainer.checkpoint import CheckpointManager, TrainerState
+from trainer.checkpoint import CheckpointDiskFull, CheckpointManager, TrainerState
 from trainer.config import TrainerConfig
-from trainer.dist import DistInfo
+from trainer.dist import DistInfo, close_distributed
+from trainer.shards import rank_file
 from trainer.step import train_on
 
 RECEIPTS = [Receipt("1-0", "g0-s0"), Receipt("1-1", "g0-s1")]
@@ -70,6 +78,9 @@ def main() -> None:
 
     mgr = CheckpointManager(cfg.checkpoint)
     nxt = make_batch(2, 4, seed=2)
+    if mode == "full":
+        disk_full_on_rank_1(build(), mgr, cfg, rank, ref_dir)
+        return
     if mode == "save":
         meg = build()
         train_on(make_batch(2, 4, seed=1), meg, cfg)
@@ -125,5 +136,46 @@ def main() -> None:
         (ref_dir / f"resume-tp{tp}-pp{pp}.json").write_text(json.dumps(diffs))
 
 
+def disk_full_on_rank_1(
+    meg: object, mgr: CheckpointManager, cfg: TrainerConfig, rank: int, ref_dir: Path
+) -> None:
+    """CKPT_DIR is on a small filesystem of its own: rank 1 fills it once rank 0's shard is
+    written, so only rank 1's write meets ENOSPC."""
+    train_on(make_batch(2, 4, seed=1), meg, cfg)  # type: ignore[arg-type]
+    write = sharded.write_rank
+
+    def fill_then_write(directory: Path, r: int, *a: object) -> Path:
+        deadline = time.monotonic() + 120
+        while not (directory / rank_file(0)).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError), open(mgr.root.parent / "filler", "wb") as f:
+            while True:  # until ENOSPC
+                f.write(b"\0" * 2**16)
+                f.flush()
+        return write(directory, r, *a)  # type: ignore[arg-type]
+
+    if rank == 1:
+        sharded.write_rank = fill_then_write  # type: ignore[assignment]
+    try:
+        mgr.save(meg, TrainerState(step=1))  # type: ignore[arg-type]
+    except CheckpointDiskFull as e:
+        raised = str(e)
+    else:
+        raised = ""
+    sharded.write_rank = write
+    if not raised:
+        raise SystemExit(f"rank {rank}: the save did not raise CheckpointDiskFull")
+    left = sorted(p.name for p in mgr.root.iterdir())
+    if rank == 1:
+        (mgr.root.parent / "filler").unlink()
+    # Room again: the next save works on every rank (the ranks' collectives still pair up).
+    saved = mgr.save(meg, TrainerState(step=1))  # type: ignore[arg-type]
+    if rank == 0:
+        assert saved is not None and mgr.latest() == saved, saved
+        out = {"raised": raised, "left": left, "after": sorted(p.name for p in mgr.root.iterdir())}
+        (ref_dir / "full.json").write_text(json.dumps(out))
+
+
 if __name__ == "__main__":
     main()
+    close_distributed()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from tests.unit.trainer.conftest import make_batch
 from trainer.backends.megatron.backend import load_megatron_backend
 from trainer.config import TrainerConfig
-from trainer.dist import DistInfo
+from trainer.dist import DistInfo, close_distributed
 from trainer.step import train_on
 from trainer.weights import WeightPusher
 
@@ -47,3 +47,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    close_distributed()

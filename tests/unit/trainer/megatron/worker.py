@@ -31,7 +31,7 @@ from tests.unit.trainer.conftest import make_batch, tiny_qwen2  # noqa: E402
 from trainer.backend import Policy  # noqa: E402
 from trainer.batching import build_microbatch, sequence_from_trajectory  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.dist import DistInfo  # noqa: E402
+from trainer.dist import DistInfo, close_distributed  # noqa: E402
 from trainer.losses import LossTerms  # noqa: E402
 
 DEVICE = torch.device(os.environ.get("SEARCHR1_TEST_DEVICE", "cpu"))
@@ -207,3 +207,4 @@ def _initial(tied: bool) -> dict[str, torch.Tensor]:
 
 if __name__ == "__main__":
     main()
+    close_distributed()
