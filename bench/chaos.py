@@ -15,6 +15,14 @@ and a Kubernetes Job would restart them): once without faults, once with `--faul
   any service, Redis included, for `--freeze-s` (10-90 s), then SIGCONT: a long GC pause, a
   stuck CUDA call, a node under memory pressure. Its connections stay open and nothing
   answers: every wait must end by its own deadline.
+- `slow_link:<svc>`, `lossy_link:<svc>`, `partition:<svc>`, `partition_oneway:<svc>` (issue
+  32, `--kinds`; svc: inference or retriever): the orchestrator's link to that service goes
+  through `harness/link_proxy.py` (no `tc netem` here): slow is 100-500 ms each way per
+  chunk; lossy resets 5% of new connections and cuts 3% of chunks mid-stream; a partition
+  holds every byte both ways (one-way: the answers only), the connections open and silent.
+- `disk_full:checkpoint` (issue 32, `--kinds`): the trainer's checkpoint directory is a tmpfs
+  of its own (needs root), shrunk to what it holds: the next checkpoint meets ENOSPC.
+Freezes, link faults and full disks last `--freeze-s` (10-90 s), the run going on meanwhile.
 
 A fault is injected at a seeded random point of the step after the previous one recovered
 (its service is ready again and the trainer finished a step after it: its `metrics_jsonl`
@@ -47,6 +55,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -61,6 +70,7 @@ import yaml
 
 from harness.chaos_ledger import LedgerResult, read_steps, settle
 from harness.chaos_proxy import FaultyProxy
+from harness.link_proxy import LinkProxy
 from searchr1.redis_server import RedisServer, free_port
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from stack.config import load_config
@@ -89,7 +99,17 @@ KINDS = [
 FREEZE_KINDS = [
     f"freeze:{s}" for s in ("trainer", "orchestrator", "inference", "retriever", "redis")
 ]
+LINKS: dict[str, dict[str, Any]] = {  # what each link fault does (the module's docstring)
+    "slow_link": {"delay_s": 0.3, "jitter_s": 0.2},
+    "lossy_link": {"drop": 0.05, "cut": 0.03},
+    "partition": {"stall": "both"},
+    "partition_oneway": {"stall": "down"},  # requests arrive, their answers never come back
+}
+LINK_KINDS = [f"{k}:{s}" for k in LINKS for s in ("inference", "retriever")]
+DISK_KINDS = ["disk_full:checkpoint"]
+CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS
 OUTAGE_S = 30.0
+DISK_BYTES = 8 * 2**30  # the checkpoint tmpfs's cap; memory is used only as it is written
 PUSH_PATH = "/update_weights_from_distributed"
 
 
@@ -324,6 +344,35 @@ class Stack:
         self.thread.join(60)
 
 
+class CheckpointDisk:
+    """The trainer's checkpoint directory on a tmpfs of its own, so it can fill up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _mount(self, *args: str) -> None:
+        proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"disk_full:checkpoint needs root to mount a tmpfs: {proc.stderr}")
+
+    def mount(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mount("-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(self.path))
+
+    def fill_for(self, seconds: float) -> None:
+        """No room left for `seconds`: the tmpfs shrunk to what it holds, then restored."""
+        used = shutil.disk_usage(self.path).used
+        self._mount("-o", f"remount,size={used + 4096}", str(self.path))
+        try:
+            time.sleep(seconds)
+        finally:
+            self._mount("-o", f"remount,size={DISK_BYTES}", str(self.path))
+
+    def unmount(self) -> None:
+        if os.path.ismount(self.path):
+            subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
 # -- one run ---------------------------------------------------------------------------------
 
 
@@ -333,10 +382,20 @@ def inject(
     proxies: dict[str, FaultyProxy],
     rng: random.Random,
     freeze_s: tuple[float, float] = (10.0, 90.0),
+    links: dict[str, LinkProxy] | None = None,
+    disk: CheckpointDisk | None = None,
 ) -> tuple[Fault, str | None, int | None]:
     """Apply one fault; returns it with the service that must come back (and its old pid)."""
     now = time.monotonic()
     action, _, target = kind.partition(":")
+    if action in LINKS and links is not None:
+        seconds = rng.uniform(*freeze_s)
+        links[target].impair(seconds, **LINKS[action])
+        time.sleep(seconds)
+        return Fault(kind, now, time.monotonic()), None, None
+    if kind == "disk_full:checkpoint" and disk is not None:
+        disk.fill_for(rng.uniform(*freeze_s))
+        return Fault(kind, now, time.monotonic()), None, None
     if action == "kill":
         pid = stack.signal(target, signal.SIGKILL)
         return Fault(kind, now, now), target, pid
@@ -354,7 +413,7 @@ def inject(
         before = len(proxies["engine"].refused_at)
         proxies["engine"].refuse_next(PUSH_PATH)
         return Fault(kind, now, now, refusals_before=before), None, None
-    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS + FREEZE_KINDS})")
+    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS + CLUSTER_KINDS})")
 
 
 def wait_recovered(
@@ -392,6 +451,8 @@ def run_once(
     faults: int,
 ) -> RunResult:
     rng = random.Random(cfg.seed)
+    for mounted in run_dir.glob("*"):  # a checkpoint tmpfs left by an interrupted run
+        CheckpointDisk(mounted).unmount()
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis, checkpoints and logs
     run_dir.mkdir(parents=True)
     redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
@@ -401,8 +462,18 @@ def run_once(
         "engine": FaultyProxy(engine_url).start(),
         "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
     }
+    # The orchestrator's links: to the engine, and to the retriever (through its outage proxy).
+    links = {
+        "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
+        "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
+    }
     data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-    data["orchestrator"]["search"]["retriever_url"] = proxies["retriever"].url
+    data["orchestrator"]["engine_url"] = links["inference"].url
+    data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
+    disk = None
+    if any(k in DISK_KINDS for k in fault_kinds(cfg, random.Random(cfg.seed))[:faults]):
+        disk = CheckpointDisk(Path(data["trainer"]["checkpoint"]["dir"]))
+        disk.mount()
     stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(stack_path, data, redis_server)
     jsonl = Path(data["trainer"]["metrics_jsonl"])
@@ -424,7 +495,7 @@ def run_once(
             # A fault needs a later step to show recovery: none in the last step.
             if stack.done or monitor.steps_done >= cfg.steps - 1:
                 break
-            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s)
+            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s, links, disk)
             injected.append(fault)
             print(f"fault {len(injected)}: {kind} at step {monitor.steps_done}", flush=True)
             wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
@@ -451,6 +522,10 @@ def run_once(
     finally:
         for proxy in proxies.values():
             proxy.stop()
+        for link in links.values():
+            link.stop()
+        if disk is not None:
+            disk.unmount()
     return RunResult(
         ledger=ledger,
         faults=injected,
@@ -522,7 +597,8 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult) -> tuple[str, bo
         and led.steps == cfg.steps
     )
     line = (
-        f"faults={len(chaos.faults)} recovered={len(recovered)} lost={len(led.lost)} "
+        f"faults={len(chaos.faults)} kinds={len({f.kind for f in chaos.faults})} "
+        f"recovered={len(recovered)} lost={len(led.lost)} "
         f"duplicated={len(led.duplicated)} stalled_s_max={chaos.stalled_s_max:.1f} "
         f"recover_p50_s={percentile(rec_s, 50):.1f} recover_p99_s={percentile(rec_s, 99):.1f} "
         f"steps={led.steps} em_after={chaos.em_after:.3f} em_after_no_faults={base.em_after:.3f}"
@@ -542,12 +618,13 @@ def main() -> int:
     ap.add_argument(
         "--kinds",
         default="",
-        help=f"comma list, cycled (default: {KINDS}; also {FREEZE_KINDS})",
+        help=f"comma list, cycled (default: {KINDS}; also {CLUSTER_KINDS})",
     )
     ap.add_argument(
         "--freeze-s",
         default="10,90",
-        help="a freeze's duration range in seconds, MIN,MAX (drawn uniformly)",
+        help="the duration range of a freeze, a link fault or a full disk in seconds, "
+        "MIN,MAX (drawn uniformly)",
     )
     ap.add_argument("--seed", type=int, default=0, help="world, warm start, fault schedule")
     ap.add_argument(
@@ -569,8 +646,8 @@ def main() -> int:
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
-        if k not in KINDS + FREEZE_KINDS:
-            ap.error(f"unknown fault kind {k!r} (choose from {KINDS + FREEZE_KINDS})")
+        if k not in KINDS + CLUSTER_KINDS:
+            ap.error(f"unknown fault kind {k!r} (choose from {KINDS + CLUSTER_KINDS})")
     try:
         lo, hi = (float(x) for x in args.freeze_s.split(","))
         assert 0 < lo <= hi

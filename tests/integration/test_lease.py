@@ -64,6 +64,43 @@ async def test_acks_are_fenced_by_the_lease_token(redis_server) -> None:  # type
         await old.close()
 
 
+async def test_an_ack_held_by_a_partition_is_fenced_once_another_trainer_holds_the_lease(
+    redis_server,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 32's split brain across a partition: the old trainer's link to Redis partitioned
+    (both ways, its connections open and silent: harness/link_proxy.py) as it acks; its lease
+    expires and a new trainer takes over; then the link heals and the held ack reaches Redis,
+    late. Redis refuses it: never two trainers acking at once."""
+    from harness.link_proxy import LinkProxy
+    from searchr1.bus import Fenced, TrajectoryBus
+    from searchr1.sections import BusConfig
+    from tests.factories import make_trajectory
+
+    link = LinkProxy(redis_server.url).start()
+    publisher = TrajectoryBus.from_url(redis_server.url, BusConfig())
+    old = TrajectoryBus.from_url(f"redis://127.0.0.1:{link.port}", BusConfig(consumer="old"))
+    new_r = aioredis.from_url(redis_server.url)
+    try:
+        await publisher.publish([make_trajectory("t-0"), make_trajectory("t-1")])
+        got = await old.consume(10, block=0.5)
+        lease = RedisLease(old.redis, f"{old.stream}:trainer-lease", ttl_s=0.5)
+        await lease.acquire()
+        old.fence_with(lease.key, lease.token)
+        link.impair(2.0, stall="both")  # the partition, as the old trainer acks
+        ack = asyncio.create_task(old.ack(got))
+        newer = RedisLease(new_r, lease.key, ttl_s=30)
+        await newer.acquire(wait_s=5.0)  # the old lease expired: another trainer holds it
+        with pytest.raises(Fenced, match="lease"):
+            await asyncio.wait_for(ack, 30)  # delivered once the link heals, and refused
+        assert await publisher.pending_count() == 2  # the new holder gets them
+        assert link.stats.chunks > 0  # the ack did cross the healed link
+    finally:
+        await publisher.close()
+        await old.close()
+        await new_r.aclose()
+        link.stop()
+
+
 async def test_the_lease_outlives_redis_restarts_between_renewals(redis_server) -> None:  # type: ignore[no-untyped-def]
     """bench/chaos.py: Redis killed twice within one TTL, and each time a renewal fell in the
     second it was down. A failed renewal was tried again only a third of the TTL later: the
