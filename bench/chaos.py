@@ -20,8 +20,10 @@ and a Kubernetes Job would restart them): once without faults, once with `--faul
   through `harness/link_proxy.py` (no `tc netem` here): slow is 100-500 ms each way per
   chunk; lossy resets 5% of new connections and cuts 3% of chunks mid-stream; a partition
   holds every byte both ways (one-way: the answers only), the connections open and silent.
-- `disk_full:checkpoint` (issue 32, `--kinds`): the trainer's checkpoint directory is a tmpfs
-  of its own (needs root), shrunk to what it holds: the next checkpoint meets ENOSPC.
+- `disk_full:checkpoint`, `disk_full:redis` (issue 32, `--kinds`): the trainer's checkpoint
+  directory, or Redis's (its AOF), is a tmpfs of its own (needs root), shrunk to what it
+  holds: the next checkpoint meets ENOSPC; Redis exits at its next write (`appendfsync
+  always` cannot go on after a failed AOF write) and is restarted until there is room.
 Freezes, link faults and full disks last `--freeze-s` (10-90 s), the run going on meanwhile.
 
 A fault is injected at a seeded random point of the step after the previous one recovered
@@ -106,7 +108,7 @@ LINKS: dict[str, dict[str, Any]] = {  # what each link fault does (the module's 
     "partition_oneway": {"stall": "down"},  # requests arrive, their answers never come back
 }
 LINK_KINDS = [f"{k}:{s}" for k in LINKS for s in ("inference", "retriever")]
-DISK_KINDS = ["disk_full:checkpoint"]
+DISK_KINDS = ["disk_full:checkpoint", "disk_full:redis"]
 CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS
 OUTAGE_S = 30.0
 DISK_BYTES = 8 * 2**30  # the checkpoint tmpfs's cap; memory is used only as it is written
@@ -344,8 +346,8 @@ class Stack:
         self.thread.join(60)
 
 
-class CheckpointDisk:
-    """The trainer's checkpoint directory on a tmpfs of its own, so it can fill up."""
+class SmallDisk:
+    """A directory on a tmpfs of its own, so it can fill up."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -353,7 +355,7 @@ class CheckpointDisk:
     def _mount(self, *args: str) -> None:
         proc = subprocess.run(["mount", *args], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"disk_full:checkpoint needs root to mount a tmpfs: {proc.stderr}")
+            raise RuntimeError(f"disk_full needs root to mount a tmpfs: {proc.stderr}")
 
     def mount(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -383,7 +385,7 @@ def inject(
     rng: random.Random,
     freeze_s: tuple[float, float] = (10.0, 90.0),
     links: dict[str, LinkProxy] | None = None,
-    disk: CheckpointDisk | None = None,
+    disks: dict[str, SmallDisk] | None = None,
 ) -> tuple[Fault, str | None, int | None]:
     """Apply one fault; returns it with the service that must come back (and its old pid)."""
     now = time.monotonic()
@@ -393,8 +395,8 @@ def inject(
         links[target].impair(seconds, **LINKS[action])
         time.sleep(seconds)
         return Fault(kind, now, time.monotonic()), None, None
-    if kind == "disk_full:checkpoint" and disk is not None:
-        disk.fill_for(rng.uniform(*freeze_s))
+    if action == "disk_full" and disks is not None:
+        disks[target].fill_for(rng.uniform(*freeze_s))
         return Fault(kind, now, time.monotonic()), None, None
     if action == "kill":
         pid = stack.signal(target, signal.SIGKILL)
@@ -451,8 +453,8 @@ def run_once(
     faults: int,
 ) -> RunResult:
     rng = random.Random(cfg.seed)
-    for mounted in run_dir.glob("*"):  # a checkpoint tmpfs left by an interrupted run
-        CheckpointDisk(mounted).unmount()
+    for mounted in run_dir.glob("*"):  # a tmpfs left by an interrupted run
+        SmallDisk(mounted).unmount()
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis, checkpoints and logs
     run_dir.mkdir(parents=True)
     redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
@@ -470,10 +472,12 @@ def run_once(
     data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
     data["orchestrator"]["engine_url"] = links["inference"].url
     data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
-    disk = None
-    if any(k in DISK_KINDS for k in fault_kinds(cfg, random.Random(cfg.seed))[:faults]):
-        disk = CheckpointDisk(Path(data["trainer"]["checkpoint"]["dir"]))
-        disk.mount()
+    where = {"checkpoint": Path(data["trainer"]["checkpoint"]["dir"]), "redis": run_dir / "redis"}
+    disks: dict[str, SmallDisk] = {}
+    for kind in set(fault_kinds(cfg, random.Random(cfg.seed))[:faults]) & set(DISK_KINDS):
+        target = kind.partition(":")[2]
+        disks[target] = SmallDisk(where[target])
+        disks[target].mount()
     stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(stack_path, data, redis_server)
     jsonl = Path(data["trainer"]["metrics_jsonl"])
@@ -495,7 +499,7 @@ def run_once(
             # A fault needs a later step to show recovery: none in the last step.
             if stack.done or monitor.steps_done >= cfg.steps - 1:
                 break
-            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s, links, disk)
+            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s, links, disks)
             injected.append(fault)
             print(f"fault {len(injected)}: {kind} at step {monitor.steps_done}", flush=True)
             wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
@@ -524,7 +528,7 @@ def run_once(
             proxy.stop()
         for link in links.values():
             link.stop()
-        if disk is not None:
+        for disk in disks.values():
             disk.unmount()
     return RunResult(
         ledger=ledger,

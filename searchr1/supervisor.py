@@ -4,8 +4,10 @@ Each child runs in its own session (process group), so stopping it also stops an
 spawned: no orphans. Children start in order; each must pass its readiness probe (`/ready`
 answering 200) before the next starts. While running, a child that exits is reported by name
 with its exit status and the last lines of its log, then restarted or the whole stack stopped,
-by its policy. Stopping is SIGTERM to every group (in reverse start order), then SIGKILL after
-a grace period.
+by its policy. Restarts back off as docker's do: 0.1 s, doubled for each death that comes
+quickly (a crash loop, e.g. Redis on a full disk, must not use up `max_restarts` in a second),
+back to 0.1 s after a child ran 10 s. Stopping is SIGTERM to every group (in reverse start
+order), then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from typing import Self
 import httpx
 
 log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 0.1  # the first restart's delay; doubled for each quick death
+RESTART_DELAY_MAX_S = 10.0
+RAN_LONG_S = 10.0  # a child that ran this long before dying starts again from the first delay
 
 
 class RestartPolicy(StrEnum):
@@ -66,6 +72,8 @@ class ChildState:
     restarts: int = 0
     status: str = "pending"  # pending | starting | ready | restarting | exited | failed | stopped
     started_at: float = 0.0
+    restart_delay_s: float = 0.0  # the last restart's delay (0: none yet)
+    restart_at: float = 0.0  # while restarting: when it starts again
 
     @property
     def pid(self) -> int | None:
@@ -168,6 +176,11 @@ class Supervisor:
             proc = child.proc
             if proc is None or child.status in ("exited", "stopped"):
                 continue
+            if child.status == "restarting":
+                if time.monotonic() >= child.restart_at:
+                    self._spawn(child)
+                    self._wait_ready(child)
+                continue
             code = proc.poll()
             if code is None:
                 continue
@@ -183,15 +196,17 @@ class Supervisor:
                 f" (signal {signal.Signals(-code).name})" if code < 0 else ""
             )
             if spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
+                quick = time.monotonic() - child.started_at < RAN_LONG_S
+                delay = child.restart_delay_s * 2 if quick and child.restart_delay_s else 0.0
+                child.restart_delay_s = min(max(delay, RESTART_DELAY_S), RESTART_DELAY_MAX_S)
                 child.restarts += 1
                 child.status = "restarting"
+                child.restart_at = time.monotonic() + child.restart_delay_s
                 log.warning(
                     "child died; restarting",
                     extra={"service": spec.name, "reason": reason, "restart": child.restarts,
-                           "log_tail": tail[-5:]},
+                           "delay_s": child.restart_delay_s, "log_tail": tail[-5:]},
                 )  # fmt: skip
-                self._spawn(child)
-                self._wait_ready(child)
                 continue
             child.status = "failed"
             raise ChildFailed(spec.name, reason, tail)

@@ -95,6 +95,25 @@ def test_on_failure_restarts_up_to_the_limit(tmp_path: Path) -> None:
     assert sup.children[0].restarts == 2
 
 
+def test_a_crash_loop_backs_off_instead_of_burning_its_restarts(tmp_path: Path) -> None:
+    """Redis on a full disk exits at its first AOF write, every restart (issue 32): restarted
+    at once, it used up `max_restarts` within a second of the disk filling. Restarts now wait
+    0.1 s, doubled per quick death (docker's restart policy): 5 restarts take >= 3.1 s."""
+    crasher = ServiceSpec(
+        name="redis-on-a-full-disk",
+        command=[PY, "-c", "raise SystemExit(1)"],
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=5,
+    )
+    sup = Supervisor([crasher], tmp_path, poll_s=0.02)
+    sup.start()
+    start = time.monotonic()
+    with pytest.raises(ChildFailed):
+        sup.run()
+    assert sup.children[0].restarts == 5
+    assert time.monotonic() - start >= 0.1 + 0.2 + 0.4 + 0.8 + 1.6
+
+
 def test_a_finishing_child_ends_the_stack_successfully(tmp_path: Path) -> None:
     job = ServiceSpec(name="trainer", command=[PY, "-c", "print('done')"], exit_ends_stack=True)
     sup = Supervisor([http_service("server"), job], tmp_path, poll_s=0.05)
