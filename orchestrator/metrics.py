@@ -20,6 +20,10 @@ DISCARDED_TOKENS = Counter(
 STALE_REGENERATED = Counter(
     "searchr1_rollout_stale_regenerated_total", "Groups regenerated for exceeding max_staleness"
 )
+ROLLOUT_LOG_FAILURES = Counter(
+    "searchr1_rollout_log_failures_total",
+    "Rollout log writes that failed (a full disk...); the rollouts go on",
+)
 RESPONSE_TOKENS = Counter("searchr1_rollout_response_tokens_total", "Response tokens", ["kind"])
 TURNS = Histogram(
     "searchr1_rollout_turns_per_sample", "Generation calls per sample", buckets=(1, 2, 3, 4, 6, 8)

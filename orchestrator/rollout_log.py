@@ -14,7 +14,8 @@ contract, `searchr1.rundir`. Layout under `<run_dir>/rollouts/`:
 
 Size: when train/ holds more than `max_bytes`, the oldest step files are deleted (rotation);
 evaluations are kept (one file per evaluation of the fixed validation subset).
-A failed write is logged and never stops the rollouts.
+A failed write (a full disk) is counted (`searchr1_rollout_log_failures_total`), logged once
+per spell of failures, leaves no partial file, and never stops the rollouts.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.config import RolloutLogConfig
+from orchestrator.metrics import ROLLOUT_LOG_FAILURES
 from orchestrator.rewards import extract_answer
 from orchestrator.sample import Sample
 from orchestrator.trajectory import to_trajectory
@@ -174,8 +176,13 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=rollout_schema()), tmp, compression="zstd")
-    tmp.replace(path)
+    try:
+        table = pa.Table.from_pylist(rows, schema=rollout_schema())
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # half a file must not keep taking the room it took
+        raise
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -222,6 +229,7 @@ class RolloutLog:
         self.tokenizer = tokenizer
         self.layout = RunLayout(Path(cfg.run_dir))
         self.root = self.layout.rollouts
+        self._failing = False  # the last write failed (logged once per spell)
 
     # -- the async entry points: never raise, never block the event loop ----------------------
 
@@ -235,7 +243,9 @@ class RolloutLog:
         try:
             await asyncio.to_thread(self.write_step, step, samples, summary or {}, outcomes)
         except Exception:  # the log is a diagnostic: a full disk must not stop training
-            log.exception("rollout log: writing step failed", extra={"step": step})
+            self._failed("writing step", {"step": step})
+        else:
+            self._written()
 
     async def log_eval(
         self, samples: list[Sample], result: dict[str, Any], *, label: str, step: int = -1
@@ -243,10 +253,24 @@ class RolloutLog:
         if not self.cfg.evaluations:
             return None
         try:
-            return await asyncio.to_thread(self.write_eval, samples, result, label, step)
+            eval_id = await asyncio.to_thread(self.write_eval, samples, result, label, step)
         except Exception:
-            log.exception("rollout log: writing evaluation failed", extra={"label": label})
+            self._failed("writing evaluation", {"label": label})
             return None
+        self._written()
+        return eval_id
+
+    def _failed(self, what: str, context: dict[str, Any]) -> None:
+        ROLLOUT_LOG_FAILURES.inc()
+        if not self._failing:  # once per spell: a full disk fails every step until freed
+            log.exception(f"rollout log: {what} failed; not logged until a write works again",
+                          extra=context)  # fmt: skip
+        self._failing = True
+
+    def _written(self) -> None:
+        if self._failing:
+            log.info("rollout log: written again after failures")
+        self._failing = False
 
     # -- the writers --------------------------------------------------------------------------
 

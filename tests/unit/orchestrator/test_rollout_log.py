@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 
@@ -112,3 +113,47 @@ def test_evaluations_are_logged_whole(tmp_path) -> None:  # type: ignore[no-unty
         assert rows.num_rows == 6
         assert set(rows.column("kind").to_pylist()) == {"eval"}
     assert evals[0]["eval_id"] != evals[1]["eval_id"]
+
+
+async def test_a_full_disk_is_counted_logged_once_and_leaves_nothing_partial(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: the run directory on a real, small filesystem (tmpfs, needs root) that fills
+    up. Steps are not logged meanwhile (the rollouts go on), each failure is counted, the
+    spell is logged once, no partial Parquet file is left taking room, and logging resumes
+    once there is room."""
+    import logging
+    import subprocess
+
+    from orchestrator.metrics import ROLLOUT_LOG_FAILURES
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        tok, samples = _samples(groups=3)
+        log = RolloutLog(RolloutLogConfig(run_dir=str(disk), groups_per_step=3), tok)
+        await log.log_step(0, samples, {})
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        before = ROLLOUT_LOG_FAILURES._value.get()
+        with caplog.at_level(logging.INFO, logger="orchestrator.rollout_log"):
+            for step in (1, 2, 3):
+                await log.log_step(step, samples, {})
+            assert ROLLOUT_LOG_FAILURES._value.get() == before + 3
+            assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+            assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+            filler.unlink()
+            await log.log_step(4, samples, {})
+            assert any("written again" in r.getMessage() for r in caplog.records)
+        steps = sorted(p.name for p in RunLayout(disk).step_file(0).parent.iterdir())
+        assert steps == ["step-000000.parquet", "step-000004.parquet"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
