@@ -47,7 +47,12 @@ def run_chaos(tmp_path: Path, *args: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1450)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
+    values = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
+    # What a failed assertion shows: the faults, their recoveries and the ledger's line.
+    values["_out"] = "\n".join(
+        line for line in proc.stdout.splitlines()[-40:] if "child died" not in line
+    )
+    return values
 
 
 @pytest.mark.slow
@@ -83,10 +88,14 @@ def test_full_disks_a_one_way_partition_and_a_lossy_link(tmp_path: Path) -> None
     retriever's link resetting connections, Redis's AOF disk full (Redis exits at each write
     and is restarted, backing off, until there is room). The full checkpoint disk is logged
     once, as such."""
-    kinds = "disk_full:checkpoint,partition_oneway:inference,lossy_link:retriever,disk_full:redis"
-    values = run_chaos(tmp_path, "--kinds", kinds, "--freeze-s", "5,10", "--steps", "50")
-    assert values["faults"] == values["recovered"] == "4" and values["kinds"] == "4"
-    assert (values["lost"], values["duplicated"]) == ("0", "0")
-    assert values["steps"] == "50" and float(values["stalled_s_max"]) < 60
+    kinds = "disk_full:redis,partition_oneway:inference,disk_full:checkpoint,lossy_link:retriever"
+    # Steps go on during each fault: enough of them that all four are injected.
+    values = run_chaos(
+        tmp_path, "--kinds", kinds, "--faults", "4", "--freeze-s", "5,10", "--steps", "70"
+    )  # the last --faults wins over run_chaos's 3
+    out = values["_out"]
+    assert values["faults"] == values["recovered"] == "4" and values["kinds"] == "4", out
+    assert (values["lost"], values["duplicated"]) == ("0", "0"), out
+    assert values["steps"] == "70" and float(values["stalled_s_max"]) < 60, out
     log = (tmp_path / "chaos" / "run-faults" / "logs" / "trainer.log").read_text()
     assert log.count("checkpoint not written, disk full") == 1

@@ -86,6 +86,13 @@ def test_a_save_into_a_full_disk_says_so_and_keeps_the_last_good_checkpoint(
     assert mgr.save(backend, TrainerState(step=2)) == mgr.latest() == mgr.path_for(2)
 
 
+def _checkpoint_every_step(disk: Path) -> TrainerConfig:
+    return TrainerConfig(
+        batch=BatchConfig(consume_block_s=0.1),
+        checkpoint=CheckpointConfig(dir=str(disk / "ckpt"), every_steps=1),
+    )
+
+
 def _loop(cfg: TrainerConfig, url: str, max_steps: int) -> tuple[TrainingLoop, TrajectoryBus]:
     bus = TrajectoryBus.from_url(url, BusConfig(consumer="t"))
     run = RunConfig(groups_per_step=1, group_size=4, max_steps=max_steps)
@@ -122,10 +129,7 @@ async def test_the_loop_trains_on_through_a_full_disk_and_checkpoints_once_there
     redis_server: RedisServer, small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     await _published(redis_server.url, 3)
-    cfg = TrainerConfig(
-        batch=BatchConfig(consume_block_s=0.1),
-        checkpoint=CheckpointConfig(dir=str(small_disk / "ckpt"), every_steps=1),
-    )
+    cfg = _checkpoint_every_step(small_disk)
     loop, bus = _loop(cfg, redis_server.url, max_steps=3)
     fillers: list[Path] = []
     trained: list[set[str]] = []
@@ -150,10 +154,7 @@ async def test_a_run_that_stops_on_a_full_disk_fails_and_resumes_from_the_last_g
     redis_server: RedisServer, small_disk: Path
 ) -> None:
     groups = await _published(redis_server.url, 3)
-    cfg = TrainerConfig(
-        batch=BatchConfig(consume_block_s=0.1),
-        checkpoint=CheckpointConfig(dir=str(small_disk / "ckpt"), every_steps=1),
-    )
+    cfg = _checkpoint_every_step(small_disk)
     loop, bus = _loop(cfg, redis_server.url, max_steps=2)
     fillers: list[Path] = []
     first: list[set[str]] = []
