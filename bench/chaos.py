@@ -57,7 +57,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -73,6 +72,7 @@ import yaml
 from harness.chaos_ledger import LedgerResult, read_steps, settle
 from harness.chaos_proxy import FaultyProxy
 from harness.link_proxy import LinkProxy
+from harness.small_disk import SmallDisk
 from searchr1.redis_server import RedisServer, free_port
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from stack.config import load_config
@@ -111,7 +111,7 @@ LINK_KINDS = [f"{k}:{s}" for k in LINKS for s in ("inference", "retriever")]
 DISK_KINDS = ["disk_full:checkpoint", "disk_full:redis"]
 CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS
 OUTAGE_S = 30.0
-DISK_BYTES = 8 * 2**30  # the checkpoint tmpfs's cap; memory is used only as it is written
+DISK_BYTES = 8 * 2**30  # a disk_full tmpfs's cap; memory is used only as it is written
 PUSH_PATH = "/update_weights_from_distributed"
 
 
@@ -346,35 +346,6 @@ class Stack:
         self.thread.join(60)
 
 
-class SmallDisk:
-    """A directory on a tmpfs of its own, so it can fill up."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _mount(self, *args: str) -> None:
-        proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"disk_full needs root to mount a tmpfs: {proc.stderr}")
-
-    def mount(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._mount("-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(self.path))
-
-    def fill_for(self, seconds: float) -> None:
-        """No room left for `seconds`: the tmpfs shrunk to what it holds, then restored."""
-        used = shutil.disk_usage(self.path).used
-        self._mount("-o", f"remount,size={used + 4096}", str(self.path))
-        try:
-            time.sleep(seconds)
-        finally:
-            self._mount("-o", f"remount,size={DISK_BYTES}", str(self.path))
-
-    def unmount(self) -> None:
-        if os.path.ismount(self.path):
-            subprocess.run(["umount", "-l", str(self.path)], check=False)
-
-
 # -- one run ---------------------------------------------------------------------------------
 
 
@@ -453,8 +424,9 @@ def run_once(
     faults: int,
 ) -> RunResult:
     rng = random.Random(cfg.seed)
+    schedule = fault_kinds(cfg, rng)[:faults]
     for mounted in run_dir.glob("*"):  # a tmpfs left by an interrupted run
-        SmallDisk(mounted).unmount()
+        SmallDisk(mounted, DISK_BYTES).unmount()
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis, checkpoints and logs
     run_dir.mkdir(parents=True)
     redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
@@ -474,10 +446,9 @@ def run_once(
     data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
     where = {"checkpoint": Path(data["trainer"]["checkpoint"]["dir"]), "redis": run_dir / "redis"}
     disks: dict[str, SmallDisk] = {}
-    for kind in set(fault_kinds(cfg, random.Random(cfg.seed))[:faults]) & set(DISK_KINDS):
+    for kind in set(schedule) & set(DISK_KINDS):
         target = kind.partition(":")[2]
-        disks[target] = SmallDisk(where[target])
-        disks[target].mount()
+        disks[target] = SmallDisk(where[target], DISK_BYTES).mount()
     stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(stack_path, data, redis_server)
     jsonl = Path(data["trainer"]["metrics_jsonl"])
@@ -491,7 +462,7 @@ def run_once(
             time.sleep(0.5)
         while monitor.steps_done < 1 and not stack.done and time.monotonic() < deadline:
             time.sleep(0.2)
-        for kind in fault_kinds(cfg, rng)[:faults]:
+        for kind in schedule:
             # At a seeded random point of the next step (steps take seconds here).
             gap_end = time.monotonic() + rng.uniform(0.0, 1.0) * monitor.typical_step_s()
             while time.monotonic() < gap_end and not stack.done:

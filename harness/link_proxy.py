@@ -23,7 +23,7 @@ import contextlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -54,7 +54,6 @@ class LinkStats:
     dropped: int = 0
     cut: int = 0
     chunks: int = 0
-    impairments: list[tuple[float, float, Impairment]] = field(default_factory=list)
 
 
 class LinkProxy:
@@ -84,14 +83,11 @@ class LinkProxy:
             self._now = CLEAR
         return self._now
 
-    def impair(self, seconds: float, **impairment: object) -> Impairment:
-        """Degrade the link for `seconds` (then clear again); returns what was applied."""
-        now = Impairment(**impairment)  # type: ignore[arg-type]
+    def impair(self, seconds: float, **impairment: object) -> None:
+        """Degrade the link for `seconds` (then clear again)."""
         self._until = time.monotonic() + seconds
-        self._now = now
-        self.stats.impairments.append((time.monotonic(), seconds, now))
+        self._now = Impairment(**impairment)  # type: ignore[arg-type]
         self._loop.call_soon_threadsafe(self._wake_later, seconds)
-        return now
 
     def _wake_later(self, seconds: float) -> None:
         assert self._changed is not None
@@ -140,8 +136,7 @@ class LinkProxy:
             self._pipe(up_r, client_w, "down", ends),
             return_exceptions=True,
         )
-        for w in ends:
-            w.transport.abort()
+        _reset(ends)
 
     async def _pipe(
         self,
@@ -162,8 +157,7 @@ class LinkProxy:
             await queue.put((0.0, b""))  # end of stream, after what is queued
             await deliver
         except OSError:
-            for w in ends:
-                w.transport.abort()
+            _reset(ends)
         finally:
             deliver.cancel()
 
@@ -191,5 +185,10 @@ class LinkProxy:
                 writer.write(data)
                 await writer.drain()
         except OSError:
-            for w in ends:
-                w.transport.abort()
+            _reset(ends)
+
+
+def _reset(ends: tuple[asyncio.StreamWriter, ...]) -> None:
+    """Both ends of a proxied connection closed at once, with a reset."""
+    for w in ends:
+        w.transport.abort()

@@ -10,16 +10,17 @@ restart resumes from the last good checkpoint without losing a trajectory.
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from harness.small_disk import fill
 from searchr1.bus import TrajectoryBus
 from searchr1.redis_server import RedisServer
 from searchr1.sections import BusConfig, RunConfig
+from tests.support.small_disk import small_tmpfs
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.backends.hf import HFBackend
 from trainer.checkpoint import CheckpointDiskFull, CheckpointManager, TrainerState
@@ -35,33 +36,8 @@ SIZE = 8 * 2**20  # room for two checkpoints of the tiny model, not for a filler
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real, small filesystem: tmpfs (needs root, as in the project's CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Take all the room left on `disk`: a file written until ENOSPC."""
-    filler = disk / "filler"
-    chunk = b"\0" * 2**16
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError:
-            pass
-    return filler
+    with small_tmpfs(tmp_path / "disk", SIZE) as disk:
+        yield disk
 
 
 def errors(stage: str) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 
@@ -10,9 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.inspector_run import WordTokenizer, build_run, make_group
+from harness.small_disk import fill
 from orchestrator.config import RolloutLogConfig
 from orchestrator.rollout_log import RolloutLog, mask_runs, question_of, select
 from searchr1.rundir import TRAIN, Col, RunLayout, rollout_schema
+from tests.support.small_disk import small_tmpfs
 
 
 def _samples(step: int = 0, groups: int = 3, size: int = 4):  # type: ignore[no-untyped-def]
@@ -123,26 +124,14 @@ async def test_a_full_disk_is_counted_logged_once_and_leaves_nothing_partial(
     spell is logged once, no partial Parquet file is left taking room, and logging resumes
     once there is room."""
     import logging
-    import subprocess
 
     from orchestrator.metrics import ROLLOUT_LOG_FAILURES
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", 2**20) as disk:
         tok, samples = _samples(groups=3)
         log = RolloutLog(RolloutLogConfig(run_dir=str(disk), groups_per_step=3), tok)
         await log.log_step(0, samples, {})
-        filler = disk / "filler"
-        with contextlib.suppress(OSError), filler.open("wb") as f:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+        filler = fill(disk)
         before = ROLLOUT_LOG_FAILURES._value.get()
         with caplog.at_level(logging.INFO, logger="orchestrator.rollout_log"):
             for step in (1, 2, 3):
@@ -155,5 +144,3 @@ async def test_a_full_disk_is_counted_logged_once_and_leaves_nothing_partial(
             assert any("written again" in r.getMessage() for r in caplog.records)
         steps = sorted(p.name for p in RunLayout(disk).step_file(0).parent.iterdir())
         assert steps == ["step-000000.parquet", "step-000004.parquet"]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -19,7 +19,6 @@ layout loads the checkpoint; rank 0 writes the differences from the reference as
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
+from harness.small_disk import fill
 from searchr1.bus import Receipt
 from tests.unit.trainer.conftest import make_batch, tiny_qwen2
 from trainer.backends.megatron import sharded
@@ -148,10 +148,7 @@ def disk_full_on_rank_1(
         deadline = time.monotonic() + 120
         while not (directory / rank_file(0)).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        with contextlib.suppress(OSError), open(mgr.root.parent / "filler", "wb") as f:
-            while True:  # until ENOSPC
-                f.write(b"\0" * 2**16)
-                f.flush()
+        fill(mgr.root.parent)
         return write(directory, r, *a)  # type: ignore[arg-type]
 
     if rank == 1:

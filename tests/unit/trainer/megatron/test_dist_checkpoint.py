@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.small_disk import small_tmpfs
 from tests.support.torchrun import torchrun, torchrun_env
 from trainer.backends.megatron import convert
 from trainer.backends.megatron.model import ModelShape, padded_vocab
@@ -162,20 +163,12 @@ def test_a_shard_that_meets_a_full_disk_fails_the_save_on_every_rank(tmp_path: P
     0 wrote its shard): both ranks raise `CheckpointDiskFull` (rank 0 used to wait at the
     barrier after the shard writes, where rank 1's next collective met it), nothing partial is
     left, and with room again the next save works."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)]
-    proc = subprocess.run(mount, capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", 16 * 2**20) as disk:
         (tmp_path / "ref").mkdir()
         cmd = torchrun(2, str(WORKER), "full", "2", "1", str(disk / "ckpt"), str(tmp_path / "ref"))
         # Short: without the fix the ranks' collectives no longer pair up and hang.
         run = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=180)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
     result = json.loads((tmp_path / "ref" / "full.json").read_text())
     assert "disk full" in result["raised"], result
     assert result["left"] == [], result
