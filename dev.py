@@ -7,6 +7,9 @@
     python3 dev.py sglang [ARGS...] # the contract tests against a real SGLang 0.5.21 (CI too)
     python3 dev.py compose [ARGS]   # the demo in containers: images built, `docker compose
                                     # --profile cpu up`, result checked, `down -v` (CI too)
+    python3 dev.py gpu [ARGS]       # on a GPU machine: every GPU check in one call, one results
+                                    # file (bench/gpu_checks.py; see docs/benchmarks.md)
+    python3 dev.py gpu-wheels       # here: fetch the wheels `dev.py gpu` installs there (.whl/)
     python3 dev.py setup            # only create/update the environment
     python3 dev.py lock [UV ARGS]   # refresh requirements.lock (uv pip compile; e.g. --upgrade)
 
@@ -401,14 +404,77 @@ def run_compose(args: list[str]) -> int:
     return _run([sys.executable, ROOT / "docker" / "compose_run.py", *args], cwd=ROOT)
 
 
+# What the GPU machine's image lacks (or holds at another version) that the GPU checks import,
+# at requirements.lock's versions. That machine has no network: these travel as wheels.
+GPU_WHEELS = (
+    "annotated-types",
+    "fastapi",
+    "huggingface-hub",
+    "megatron-core",
+    "protobuf",
+    "pydantic",
+    "pydantic-core",
+    "pydantic-settings",
+    "python-dotenv",
+    "python-multipart",
+    "redis",
+    "sse-starlette",
+    "starlette",
+    "tenacity",
+    "tokenizers",
+    "transformers",
+    "typing-inspection",
+    "uvicorn",
+)
+WHEELS = ROOT / ".whl"
+
+
+def fetch_gpu_wheels() -> int:
+    """Download GPU_WHEELS for CPython 3.12 on x86-64 Linux into .whl/ (git-ignored)."""
+    WHEELS.mkdir(exist_ok=True)
+    platforms = [f"manylinux_2_{n}_x86_64" for n in (17, 27, 28)] + ["manylinux2014_x86_64"]
+    for name in GPU_WHEELS:
+        pin = _lock_entry(name).split()[0]  # name==version
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        cmd += ["--python-version", "3.12", "--implementation", "cp", "-d", str(WHEELS), pin]
+        for plat in platforms:
+            cmd += ["--platform", plat]
+        _check(cmd, f"fetching {pin}")
+    print(f"{len(GPU_WHEELS)} wheels in {WHEELS}: carry `.whl` to the GPU machine")
+    return 0
+
+
+def run_gpu_checks(args: list[str]) -> int:
+    """On the GPU machine (its own Python, no .venv): install the carried wheels into a
+    folder of their own, then every GPU check (bench/gpu_checks.py)."""
+    env = dict(os.environ)
+    python = sys.executable
+    wheels = sorted(WHEELS.glob("*.whl"))
+    if "--cpu-smoke" in args:  # the plumbing, here: this project's .venv, no wheels
+        ensure_env()
+        python, wheels = str(_bin("python")), []
+    if wheels:
+        site = Path(tempfile.gettempdir()) / "searchr1-gpu-site"
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+        pip += ["--no-compile", "--upgrade", "--target", str(site), *map(str, wheels)]
+        _check(pip, "installing the carried wheels")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    cmd = [python, "-P", str(ROOT / "bench" / "gpu_checks.py"), *args]
+    return subprocess.run(cmd, env=env, cwd=ROOT).returncode
+
+
 def main() -> int:
-    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "lock"}
+    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "lock", "gpu", "gpu-wheels"}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
     if command == "lock":  # before ensure_env: the lock being refreshed may be stale
         return write_lock(rest)
+    if command == "gpu":  # the GPU machine's own Python and packages, not .venv
+        return run_gpu_checks(rest)
+    if command == "gpu-wheels":
+        return fetch_gpu_wheels()
     ensure_env()
     if command == "test":
         return run_tests(rest)

@@ -2,6 +2,7 @@
 
     python bench/inference.py [--requests 64] [--new-tokens 128] [--big-hidden 1024]
                               [--big-layers 2] [--bucket-mb 256] [--skip-weights]
+                              [--device cpu|cuda] [--dtype float32|bfloat16]
 
 1. Throughput: a tiny model served by `searchr1 inference serve --engine torch` (a real
    process, HTTP); `--requests` requests of `--new-tokens` new tokens each (temperature 1,
@@ -153,12 +154,19 @@ def main() -> None:
     ap.add_argument("--big-layers", type=int, default=2)
     ap.add_argument("--bucket-mb", type=int, default=256)
     ap.add_argument("--skip-weights", action="store_true")
+    ap.add_argument("--device", default="cpu", help="the throughput engine's: cpu, cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
 
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-inference-") as tmp:
         tiny = make_tiny_model(Path(tmp) / "tiny")
-        with InferenceServerProcess(tiny) as server:
+        # The engine's device and dtype (`--device cuda` is dev.py gpu's check of the engine).
+        engine_env = {
+            "SEARCHR1_INFERENCE__TORCH_ENGINE__DEVICE": args.device,
+            "SEARCHR1_INFERENCE__TORCH_ENGINE__DTYPE": args.dtype,
+        }
+        with InferenceServerProcess(tiny, env=engine_env) as server:
             results.update(asyncio.run(throughput(server.url, args.requests, args.new_tokens)))
 
         if not args.skip_weights:

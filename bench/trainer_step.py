@@ -2,14 +2,16 @@
 
     python bench/trainer_step.py [--shape qwen2.5-3b|tiny] [--samples 256] [--budget 8192]
                                  [--backends hf,megatron] [--repeats 2] [--device cuda]
-                                 [--kl-coef 0.001] [--no-grad-ckpt]
+                                 [--kl-coef 0.001] [--recompute none|attention|full]
+                                 [--logprob-chunk 1024]
 
 Random weights in the shape's Hugging Face config (Qwen2.5-3B: 36 layers, hidden 2048, GQA
 16/2, vocabulary 151,936, tied embeddings), a rollout batch of `--samples` Search-R1-shaped
 trajectories (`bench/trainer.py`'s length spread: ~1,000 tokens each), and one full training
 step of the GRPO core (`trainer.step.train_on`): old-logprob recompute, the reference forward
 (when `--kl-coef` > 0), forward/backward over packed micro-batches of `--budget` tokens, the
-optimizer step. Slime's 3B recipe: 32 prompts x 8 samples, KL 0.001, full recompute.
+optimizer step. Slime's 3B recipe: 32 prompts x 8 samples, KL 0.001 (its full recompute is
+`--recompute full`; the default keeps every activation).
 
 Each timed step trains on a new batch (new sequence lengths, as in a run). Per backend, of
 the fastest step: tokens/s, the step's seconds (and its logprob / forward-backward / optimizer
@@ -96,7 +98,11 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
     dev = torch.device(args.device)
     cfg = TrainerConfig(
         backend=name,
-        model={"device": args.device, "gradient_checkpointing": not args.no_grad_ckpt},
+        model={
+            "device": args.device,
+            "recompute": args.recompute,
+            "logprob_chunk_tokens": args.logprob_chunk,
+        },
         optim={"lr": 1e-6, "betas": (0.9, 0.98), "weight_decay": 0.01, "grad_clip": 1.0},
         loss={"kl_coef": args.kl_coef, "aggregation": "sample_mean"},
         tis={"mode": "token", "cap": 2.0},
@@ -176,7 +182,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kl-coef", type=float, default=0.001)
-    ap.add_argument("--no-grad-ckpt", action="store_true")
+    ap.add_argument("--recompute", default="none", choices=["none", "attention", "full"])
+    ap.add_argument("--logprob-chunk", type=int, default=1024, help="0: full fp32 logits")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -185,6 +192,8 @@ def main() -> None:
         "shape": args.shape,
         "samples": args.samples,
         "budget": args.budget,
+        "recompute": args.recompute,
+        "logprob_chunk": args.logprob_chunk,
     }
     for name in args.backends.split(","):
         for k, v in run_backend(name, args).items():

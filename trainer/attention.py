@@ -8,10 +8,12 @@ backend), costing sum(L_i^2) with the fused kernels. Without boundaries (the pad
 padding), one causal attention over the row is exact for every real token: a causal model never
 lets a real token see the padding after it.
 
-On CUDA the per-sequence calls run on the flash kernel (`shape_free_sdpa`): the cuDNN kernel,
-which PyTorch may pick, plans per shape, and a batch of new lengths then costs a plan per
-sequence per layer (bench/trainer_step.py on an H100: 80-84 s per Qwen2.5-3B step instead of
-36-39 s).
+On CUDA in bf16/fp16 a packed row is one call per layer: PyTorch's FlashAttention varlen kernel
+over `cu_seqlens` (`packed_causal_attention`, shared with the Megatron backend). Elsewhere (CPU,
+fp32, dropout) it falls back to the per-sequence calls, on the flash kernel on CUDA
+(`shape_free_sdpa`): the cuDNN kernel, which PyTorch may pick, plans per shape, and a batch of
+new lengths then costs a plan per sequence per layer (bench/trainer_step.py on an H100: 80-84 s
+per Qwen2.5-3B step instead of 36-39 s).
 
 Registered under `VARLEN` in transformers' attention registry; transformers builds no mask for
 a custom implementation, which is what both paths want.
@@ -25,13 +27,18 @@ time under names the config check does not know.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import itertools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 VARLEN = "searchr1_varlen"
+VARLEN_RECOMPUTED = "searchr1_varlen_recomputed"
 # What transformers' attention modules pass for a sliding window, logit softcapping and sinks.
 _CALL_ARGS = ("sliding_window", "softcap", "s_aux")
 
@@ -67,48 +74,142 @@ def varlen_causal_attention(
     for name in _CALL_ARGS:
         if kwargs.get(name) is not None:
             raise ValueError(f"the varlen attention does not implement `{name}`")
-    with shape_free_sdpa(query.device):
-        return _varlen(query, key, value, scaling, dropout, cu_seq_lens_q), None
-
-
-def _varlen(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float | None,
-    dropout: float,
-    cu_seq_lens_q: torch.Tensor | None,
-) -> torch.Tensor:
-    gqa = query.shape[1] != key.shape[1]
     if cu_seq_lens_q is None:
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, dropout_p=dropout, enable_gqa=gqa
-        )
-    else:
-        if query.shape[0] != 1:
-            raise ValueError("packed attention expects a batch of one packed row")
-        bounds = cu_seq_lens_q.tolist()
-        parts = [
-            F.scaled_dot_product_attention(
-                query[:, :, s:e],
-                key[:, :, s:e],
-                value[:, :, s:e],
+        with shape_free_sdpa(query.device):
+            out = F.scaled_dot_product_attention(
+                query,
+                key,
+                value,
                 is_causal=True,
                 scale=scaling,
                 dropout_p=dropout,
+                enable_gqa=query.shape[1] != key.shape[1],
+            )
+        return out.transpose(1, 2).contiguous(), None
+    if query.shape[0] != 1:
+        raise ValueError("packed attention expects a batch of one packed row")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [L, H, D]
+    out = packed_causal_attention(q, k, v, cu_seq_lens_q, scale=scaling, dropout=dropout)
+    return out[None], None
+
+
+def varlen_causal_attention_recomputed(
+    module: nn.Module, query: torch.Tensor, *args: object, **kwargs: object
+) -> tuple[torch.Tensor, None]:
+    """`varlen_causal_attention` under activation checkpointing while training (selective
+    recompute of the core attention: its inputs are kept, its internals recomputed)."""
+    if not (module.training and torch.is_grad_enabled()):
+        return varlen_causal_attention(module, query, *args, **kwargs)  # type: ignore[arg-type]
+    out = checkpoint(
+        lambda q: varlen_causal_attention(module, q, *args, **kwargs)[0],  # type: ignore[arg-type]
+        query,
+        use_reentrant=False,
+    )
+    return out, None
+
+
+# -- one call per packed row ---------------------------------------------------------------
+
+
+@functools.cache
+def _flash_varlen() -> tuple[Callable[..., torch.Tensor], dict[str, object], bool] | None:
+    """PyTorch's FlashAttention varlen kernel (torch >= 2.10), its causal argument (2.10 took
+    `is_causal`, later releases a `window_size`) and whether it takes grouped KV heads."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal: dict[str, object] = (
+        {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    )
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+def flash_varlen_applies(query: torch.Tensor, dropout: float) -> bool:
+    """Whether `packed_causal_attention` takes the one-call varlen kernel: CUDA, 16-bit, no
+    dropout (the kernel has none) and a PyTorch that has it."""
+    return (
+        query.is_cuda
+        and query.dtype in (torch.bfloat16, torch.float16)
+        and dropout == 0.0
+        and _flash_varlen() is not None
+    )
+
+
+def packed_causal_attention(
+    query: torch.Tensor,  # [T, H, D]
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,  # [N + 1] sequence bounds (a CPU tensor)
+    *,
+    scale: float | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention within each sequence of a packed row, none across; `[T, H, D]` out.
+
+    On CUDA in bf16/fp16 one FlashAttention varlen call over all sequences; elsewhere (CPU,
+    fp32, dropout) `scaled_dot_product_attention` per sequence, on the flash kernel on CUDA."""
+    if flash_varlen_applies(query, dropout):
+        kernel, causal, takes_gqa = _flash_varlen()  # type: ignore[misc]
+        bounds = cu_seqlens.to(torch.int64)
+        longest = int((bounds[1:] - bounds[:-1]).max())
+        cu = bounds.to(query.device, torch.int32, non_blocking=True)
+        extra = dict(causal)
+        if query.shape[1] != key.shape[1]:
+            if takes_gqa:
+                extra["enable_gqa"] = True
+            else:
+                groups = query.shape[1] // key.shape[1]
+                key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        return kernel(
+            query.contiguous(),
+            key.contiguous(),
+            value.contiguous(),
+            cu,
+            cu,
+            longest,
+            longest,
+            scale=scale,
+            **extra,
+        )
+    return per_sequence_attention(query, key, value, cu_seqlens, scale=scale, dropout=dropout)
+
+
+def per_sequence_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """`packed_causal_attention`'s fallback: `scaled_dot_product_attention` per sequence."""
+    gqa = query.shape[1] != key.shape[1]
+    q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))  # [1, H, T, D]
+    with shape_free_sdpa(query.device):
+        parts = [
+            F.scaled_dot_product_attention(
+                q[:, :, s:e],
+                k[:, :, s:e],
+                v[:, :, s:e],
+                is_causal=True,
+                scale=scale,
+                dropout_p=dropout,
                 enable_gqa=gqa,
             )
-            for s, e in itertools.pairwise(bounds)
+            for s, e in itertools.pairwise(cu_seqlens.tolist())
             if e > s
         ]
-        out = torch.cat(parts, dim=2)
-    return out.transpose(1, 2).contiguous()
+    return torch.cat(parts, dim=2)[0].transpose(0, 1)
 
 
 def register() -> str:
     from transformers import AttentionInterface
 
     AttentionInterface.register(VARLEN, varlen_causal_attention)
+    AttentionInterface.register(VARLEN_RECOMPUTED, varlen_causal_attention_recomputed)
     return VARLEN
 
 
@@ -138,8 +239,9 @@ def unsupported_features(model: nn.Module) -> list[str]:
     return found
 
 
-def use_varlen(model: nn.Module) -> None:
-    """Switch a loaded Hugging Face model to the varlen attention, or refuse it (ValueError)."""
+def use_varlen(model: nn.Module, *, recompute: bool = False) -> None:
+    """Switch a loaded Hugging Face model to the varlen attention (its core attention
+    recomputed in the backward with `recompute`), or refuse it (ValueError)."""
     found = unsupported_features(model)
     if found:
         raise ValueError(
@@ -148,4 +250,4 @@ def use_varlen(model: nn.Module) -> None:
             "them (eager, or flash_attention_2 / sdpa where the model supports them)"
         )
     register()
-    model.set_attn_implementation(VARLEN)  # type: ignore[operator]
+    model.set_attn_implementation(VARLEN_RECOMPUTED if recompute else VARLEN)  # type: ignore[operator]

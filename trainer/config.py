@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -239,6 +239,12 @@ class WeightPushConfig(Section):
         return self
 
 
+class Recompute(StrEnum):
+    NONE = "none"
+    ATTENTION = "attention"
+    FULL = "full"
+
+
 class DType(StrEnum):
     AUTO = "auto"  # bf16 on CUDA, fp32 on CPU
     FLOAT32 = "float32"
@@ -255,8 +261,32 @@ class ModelConfig(Section):
         "refuses models with sliding windows, logit softcapping or attention sinks), or a "
         "transformers name (sdpa, eager, flash_attention_2).",
     )
-    gradient_checkpointing: bool = False
+    recompute: Recompute = Field(
+        default=Recompute.NONE,
+        description="Activation recompute in the backward: none (keep every activation: "
+        "fastest, most memory), attention (the core attention only: Megatron's selective "
+        "`core_attn`; the HF backend needs attn_implementation varlen), or full (every "
+        "decoder layer: least memory, one more forward).",
+    )
+    logprob_chunk_tokens: int = Field(
+        default=1024,
+        ge=0,
+        description="Logprobs and entropies from the LM head this many tokens at a time, "
+        "recomputed per chunk in the backward (trainer.logprobs), so fp32 logits over the "
+        "whole vocabulary never exist for a whole micro-batch; 0 keeps the full logits. The HF "
+        "backend uses the full logits under FSDP and for heads that scale or cap logits.",
+    )
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gradient_checkpointing" in data:
+            raise ValueError(
+                "trainer.model.gradient_checkpointing was replaced by trainer.model.recompute "
+                "(none | attention | full): `gradient_checkpointing: true` is `recompute: full`"
+            )
+        return data
 
 
 class TrainerHttpConfig(HttpConfig):

@@ -27,9 +27,10 @@ from torch.distributed.checkpoint.state_dict import (
 from trainer.attention import use_varlen
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
 from trainer.batching import MicroBatch
-from trainer.config import DType, LRSchedule, TrainerConfig
+from trainer.config import DType, LRSchedule, Recompute, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
 from trainer.export import write_hf_dir
+from trainer.logprobs import head_token_stats
 from trainer.losses import entropy_from_logits
 from trainer.offload import move_module, move_optimizer_state
 
@@ -44,6 +45,17 @@ def _lr_lambda(schedule: LRSchedule, warmup_steps: int):  # type: ignore[no-unty
         return 1.0
 
     return f
+
+
+def plain_head(model: nn.Module) -> bool:
+    """Whether the logits are exactly `lm_head(hidden)`: a bias-free linear head and no logit
+    scaling or capping in the config (Gemma2's softcap, Cohere's and Granite's scales)."""
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if type(head) is not nn.Linear or head.bias is not None:
+        return False
+    cfg = getattr(model, "config", None)
+    scaled = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    return all(getattr(cfg, name, None) in (None, 1, 1.0) for name in scaled)
 
 
 def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
@@ -68,10 +80,21 @@ class HFBackend(TrainerBackend):
         model = model.to(torch.float32)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.varlen = cfg.model.attn_implementation == "varlen"
+        recompute = cfg.model.recompute
+        if recompute == Recompute.ATTENTION and not self.varlen:
+            raise ValueError(
+                "trainer.model.recompute=attention needs trainer.model.attn_implementation=varlen "
+                f"on the hf backend (got {cfg.model.attn_implementation})"
+            )
         if self.varlen:
-            use_varlen(model)
-        if cfg.model.gradient_checkpointing:
+            use_varlen(model, recompute=recompute == Recompute.ATTENTION)
+        if recompute == Recompute.FULL:
             model.gradient_checkpointing_enable()
+        # Logprobs from the hidden states in chunks (trainer.logprobs): one process only (FSDP
+        # shards the head) and a plain linear head.
+        self.logprob_chunk = cfg.model.logprob_chunk_tokens if plain_head(model) else 0
+        if info.distributed:
+            self.logprob_chunk = 0
         # The reference policy is a frozen copy of the initial weights.
         self.ref_model: nn.Module | None = None
         if cfg.loss.kl_coef > 0:
@@ -130,6 +153,8 @@ class HFBackend(TrainerBackend):
         if self.varlen and mb.cu_seqlens is not None:
             # Left on the CPU: the varlen attention only reads the bounds (no device sync).
             extra["cu_seq_lens_q"] = mb.cu_seqlens
+        if self.logprob_chunk:
+            return self._chunked_stats(model, mb, extra, with_entropy, entropy_grad)
         with self._autocast():
             out = model(
                 input_ids=mb.input_ids.to(dev),
@@ -155,6 +180,39 @@ class HFBackend(TrainerBackend):
                 with torch.no_grad():
                     ent = entropy_from_logits(rows.detach())
         return logp, ent
+
+    def _chunked_stats(
+        self,
+        model: nn.Module,
+        mb: MicroBatch,
+        extra: dict[str, Any],
+        with_entropy: bool,
+        entropy_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_forward` through the decoder's hidden states and `head_token_stats`: the LM head
+        runs a chunk of tokens at a time (no `[T, V]` fp32 logits kept for the backward)."""
+        dev = self.device
+        with self._autocast():
+            out = model.base_model(
+                input_ids=mb.input_ids.to(dev),
+                position_ids=mb.position_ids.to(dev),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
+                use_cache=False,
+                **extra,
+            )
+        pos = mb.keep_positions[mb.row_keep].to(dev)
+        hidden = out.last_hidden_state[mb.row_batch.to(dev), pos]
+        logp, ent = head_token_stats(
+            hidden,
+            model.get_output_embeddings().weight,
+            mb.targets,
+            mb.temperatures,
+            chunk=self.logprob_chunk,
+            compute_dtype=self.compute_dtype,
+        )
+        if not with_entropy:
+            return logp, None
+        return logp, ent if entropy_grad else ent.detach()
 
     @torch.no_grad()
     def logprobs(self, microbatches: Sequence[MicroBatch], policy: Policy) -> list[torch.Tensor]:

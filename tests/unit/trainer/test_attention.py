@@ -97,3 +97,113 @@ def test_cuda_attention_stays_off_the_per_shape_cudnn_kernel() -> None:
     assert torch.backends.cuda.cudnn_sdp_enabled() == cudnn_before
     with shape_free_sdpa(torch.device("cpu")):
         assert torch.backends.cuda.cudnn_sdp_enabled() == cudnn_before
+
+
+# -- one varlen call per layer (the CUDA kernel's arguments, checked on CPU) ----------------
+
+
+class _RecordingKernel:
+    """Stands in for PyTorch's FlashAttention varlen kernel, which needs a GPU: records each
+    call's arguments and answers with the per-sequence fallback (what the kernel computes)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):  # type: ignore[no-untyped-def]
+        import trainer.attention as attention
+
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
+        assert window_size == (-1, 0) and enable_gqa == (q.shape[1] != k.shape[1])
+        self.calls.append({"tokens": q.shape[0], "sequences": cu_q.numel() - 1, "max": max_q})
+        return attention.per_sequence_attention(q, k, v, cu_q.to(torch.int64), scale=scale)
+
+
+@pytest.fixture
+def recording_kernel(monkeypatch: pytest.MonkeyPatch) -> _RecordingKernel:
+    import trainer.attention as attention
+
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(attention, "flash_varlen_applies", lambda q, dropout: True)
+    monkeypatch.setattr(
+        attention, "_flash_varlen", lambda: (kernel, {"window_size": (-1, 0)}, True)
+    )
+    return kernel
+
+
+def _packed_batch():  # type: ignore[no-untyped-def]
+    from tests.unit.trainer.conftest import make_trajectory
+    from trainer.batching import build_microbatch, sequence_from_trajectory
+
+    trajs = [
+        make_trajectory(f"t{i}", "g", 1.0, prompt_len=3 + i, response_len=4 + 2 * i, seed=i)
+        for i in range(3)
+    ]
+    seqs = [sequence_from_trajectory(t)[0] for t in trajs]
+    return build_microbatch(seqs, [0, 1, 2], packed=True)
+
+
+def test_hf_packed_row_is_one_kernel_call_per_layer(recording_kernel: _RecordingKernel) -> None:
+    mb = _packed_batch()
+    fallback = HFBackend(tiny_qwen2(), TrainerConfig(), CPU)
+    expected = fallback.logprobs([mb], policy=fallback_policy())
+    recording_kernel.calls.clear()
+    backend = HFBackend(tiny_qwen2(), TrainerConfig(), CPU)
+    got = backend.logprobs([mb], policy=fallback_policy())
+    layers = backend.model.config.num_hidden_layers
+    assert len(recording_kernel.calls) == layers
+    assert recording_kernel.calls[0] == {
+        "tokens": mb.input_ids.shape[1],
+        "sequences": 3,
+        "max": int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()),  # type: ignore[index]
+    }
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=0)
+
+
+def fallback_policy():  # type: ignore[no-untyped-def]
+    from trainer.backend import Policy
+
+    return Policy.CURRENT
+
+
+def test_megatron_rows_are_one_kernel_call(recording_kernel: _RecordingKernel) -> None:
+    """Megatron's `[s, b, h, d]` rows go to the kernel as one packed row of all their
+    segments, grouped KV heads unexpanded; the result equals the per-sequence fallback."""
+    pytest.importorskip("megatron.core")
+    from trainer.attention import per_sequence_attention
+
+    torch.manual_seed(0)
+    s, b, h, hkv, d = 7, 2, 4, 2, 8
+    q, k, v = torch.randn(s, b, h, d), torch.randn(s, b, hkv, d), torch.randn(s, b, hkv, d)
+    lengths = torch.tensor([[3, 4, 0], [2, 2, 3]])
+    out = _segment_attention(q, k, v, lengths)
+    assert recording_kernel.calls == [{"tokens": 14, "sequences": 5, "max": 4}]
+    rows = []
+    for row in range(b):
+        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), lengths[row].cumsum(0)])
+        rows.append(
+            per_sequence_attention(q[:, row], k[:, row], v[:, row], bounds, scale=None).reshape(
+                s, h * d
+            )
+        )
+    torch.testing.assert_close(out, torch.stack(rows, dim=1))
+
+
+def _segment_attention(q, k, v, lengths):  # type: ignore[no-untyped-def]
+    from trainer.backends.megatron.attention import SegmentAttention
+
+    layer = SegmentAttention.__new__(SegmentAttention)
+    nn.Module.__init__(layer)
+    layer.attention_dropout = nn.Dropout(0.0)
+    layer.softmax_scale = None
+    return layer.forward(q, k, v, lengths)
+
+
+def test_recompute_attention_needs_varlen_on_hf() -> None:
+    cfg = TrainerConfig(model=ModelConfig(attn_implementation="sdpa", recompute="attention"))
+    with pytest.raises(ValueError, match="recompute=attention needs"):
+        HFBackend(tiny_qwen2(), cfg, CPU)
+
+
+def test_the_old_gradient_checkpointing_key_names_its_replacement() -> None:
+    with pytest.raises(ValueError, match="recompute: full"):
+        TrainerConfig(model={"gradient_checkpointing": True})

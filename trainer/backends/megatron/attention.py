@@ -3,9 +3,10 @@
 Megatron's local `DotProductAttention` has no packed (THD) path: a packed row needed a dense
 `[1, 1, L, L]` block-diagonal mask and scores over the whole row, O(L^2) in time and memory
 (at 8,192 tokens per row, 1 GB of scores per layer on a 128-wide model, a demo step of 187 s).
-`SegmentAttention` runs `scaled_dot_product_attention(is_causal=True)` on each sequence
-instead, as the HF backend's `varlen` does (`trainer/attention.py`): O(sum of L_i^2), on the
-flash kernel on CUDA (`shape_free_sdpa`: no per-shape planning for each new length).
+`SegmentAttention` attends within each sequence instead, as the HF backend's `varlen` does
+(`trainer.attention.packed_causal_attention`): O(sum of L_i^2), one FlashAttention varlen call
+per layer on CUDA in bf16, `scaled_dot_product_attention(is_causal=True)` per sequence elsewhere.
+Grouped KV heads go to the kernel unexpanded.
 
 The model's `attention_mask` argument carries the sequence lengths
 (`trainer.backends.megatron.parallel.segment_lengths`), a small
@@ -18,16 +19,15 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from trainer.attention import shape_free_sdpa
+from trainer.attention import packed_causal_attention
 
 
 class SegmentAttention(DotProductAttention):
     """`DotProductAttention` with `attention_mask` = `segment_lengths`: causal attention within
-    each sequence, none across sequences. Same scale and GQA expansion as Megatron's."""
+    each sequence, none across sequences, at Megatron's scale."""
 
     def forward(  # type: ignore[override]
         self,
@@ -44,41 +44,18 @@ class SegmentAttention(DotProductAttention):
             "SegmentAttention takes segment_lengths as its attention_mask"
         )
         sq, b, heads, dim = query.shape
-        groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        # [s, b, h, d] -> [b, h, s, d]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        lengths = attention_mask.reshape(-1)  # every row's segments, one after another
+        lengths = lengths[lengths > 0]
+        assert int(lengths.sum()) == sq * b, (
+            f"segment lengths sum to {int(lengths.sum())}, the rows hold {sq * b} tokens"
+        )
+        bounds = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=bounds[1:])
+        # [s, b, h, d] -> [b * s, h, d]: the rows one after another, as one packed row.
+        q, k, v = (t.transpose(0, 1).reshape(b * sq, t.shape[2], dim) for t in (query, key, value))
         p = self.attention_dropout.p if self.training else 0.0
         # Dropout draws from the model-parallel RNG, as Megatron's own attention does.
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if p > 0 else contextlib.nullcontext()
-        with rng, shape_free_sdpa(q.device):
-            context = self._attend(q, k, v, attention_mask, p)
-        return context.permute(2, 0, 1, 3).reshape(sq, b, heads * dim)
-
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, p: float
-    ) -> torch.Tensor:
-        """`[b, h, s, d]` in and out; causal SDPA per segment of each row."""
-        sq = q.shape[2]
-        rows = []
-        for row, row_lengths in enumerate(lengths.tolist()):
-            parts, start = [], 0
-            for n in row_lengths:
-                if n <= 0:
-                    continue
-                end = start + n
-                parts.append(
-                    F.scaled_dot_product_attention(
-                        q[row : row + 1, :, start:end],
-                        k[row : row + 1, :, start:end],
-                        v[row : row + 1, :, start:end],
-                        is_causal=True,
-                        dropout_p=p,
-                        scale=self.softmax_scale,
-                    )
-                )
-                start = end
-            assert start == sq, f"segment lengths sum to {start}, the row has {sq} tokens"
-            rows.append(torch.cat(parts, dim=2))
-        return torch.cat(rows, dim=0)
+        with rng:
+            context = packed_causal_attention(q, k, v, bounds, scale=self.softmax_scale, dropout=p)
+        return context.reshape(b, sq, heads * dim).transpose(0, 1).contiguous()

@@ -23,15 +23,21 @@ from torch import nn
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
 from trainer.backends.megatron import checkpoint, convert, cpu, sharded
 from trainer.backends.megatron.config import check_layout
-from trainer.backends.megatron.logprobs import vocab_parallel_logprobs
+from trainer.backends.megatron.logprobs import (
+    head_weight,
+    return_hidden_states,
+    tp_group,
+    vocab_parallel_logprobs,
+)
 from trainer.backends.megatron.model import ModelShape, build_gpt, padded_vocab, shape_from_hf
 from trainer.backends.megatron.model import transformer_config as make_config
 from trainer.backends.megatron.parallel import Layout, init_parallel, kept_rows, segment_lengths
 from trainer.backends.megatron.weights import gather_hf, load_full
 from trainer.batching import MicroBatch
-from trainer.config import DType, LRSchedule, TrainerConfig
+from trainer.config import DType, LRSchedule, Recompute, TrainerConfig
 from trainer.dist import DistInfo
 from trainer.export import write_hf_dir
+from trainer.logprobs import head_token_stats
 
 T = TypeVar("T")
 
@@ -81,10 +87,15 @@ class MegatronBackend(TrainerBackend):
         )
         # Sum over DP (see the module docstring).
         self.tconfig.calculate_per_token_loss = True
-        if cfg.model.gradient_checkpointing:  # Megatron's own: recompute every layer
+        if cfg.model.recompute == Recompute.FULL:  # Megatron's own: recompute every layer
             self.tconfig.recompute_granularity = "full"
             self.tconfig.recompute_method = "uniform"
             self.tconfig.recompute_num_layers = 1
+        elif cfg.model.recompute == Recompute.ATTENTION:
+            self.tconfig.recompute_granularity = "selective"
+            self.tconfig.recompute_modules = ["core_attn"]
+        # The last stage returns hidden states and the head runs in chunks (trainer.logprobs).
+        self.logprob_chunk = cfg.model.logprob_chunk_tokens
         full = convert.hf_to_full(hf_state, s, self.padded_vocab)
         model = self._build(full)
         self.ref_model: nn.Module | None = None
@@ -126,6 +137,8 @@ class MegatronBackend(TrainerBackend):
             for p in model.parameters():
                 p.data = p.data.to(self.compute_dtype)
         load_full(model, full, self.shape, self.layout)
+        if self.logprob_chunk and self.layout.last_stage:
+            return_hidden_states(model)
         return model
 
     def _make_optimizer(self) -> Any:
@@ -163,9 +176,33 @@ class MegatronBackend(TrainerBackend):
         return (mb.input_ids.to(d), mb.position_ids.to(d), segment_lengths(mb))
 
     def _token_stats(
-        self, logits: torch.Tensor, mb: MicroBatch, *, entropy: bool, entropy_grad: bool
+        self,
+        model: nn.Module,
+        out: torch.Tensor,
+        mb: MicroBatch,
+        *,
+        entropy: bool,
+        entropy_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rows = kept_rows(logits, mb)
+        """Logprobs (and entropies) of `mb`'s response tokens from the last stage's output:
+        hidden states with `logprob_chunk`, else this TP rank's vocabulary slice of the logits."""
+        rows = kept_rows(out, mb)
+        if self.logprob_chunk:
+            weight = head_weight(model)
+            logp, ent = head_token_stats(
+                rows,
+                weight,
+                mb.targets,
+                mb.temperatures,
+                chunk=self.logprob_chunk,
+                compute_dtype=self.compute_dtype,
+                vocab_start=self.layout.tp_rank * weight.shape[0],
+                vocab_size=self.vocab_size,
+                group=tp_group(),
+            )
+            if not entropy:
+                return logp, None
+            return logp, ent if entropy_grad else ent.detach()
         start = self.layout.tp_rank * rows.shape[-1]
         return vocab_parallel_logprobs(
             rows,
@@ -212,7 +249,7 @@ class MegatronBackend(TrainerBackend):
         out: list[torch.Tensor] = []
 
         def collect(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            lp, _ = self._token_stats(logits, mb, entropy=False, entropy_grad=False)
+            lp, _ = self._token_stats(model, logits, mb, entropy=False, entropy_grad=False)
             out.append(lp.float().cpu())
             return logits.new_zeros(()), {}
 
@@ -241,7 +278,9 @@ class MegatronBackend(TrainerBackend):
         seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
         def loss(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-            lp, ent = self._token_stats(logits, mb, entropy=True, entropy_grad=entropy_grad)
+            lp, ent = self._token_stats(
+                self.ddp, logits, mb, entropy=True, entropy_grad=entropy_grad
+            )
             seen.append((lp.detach().cpu(), None if ent is None else ent.detach().cpu()))
             terms = loss_fn(mb, lp, ent)
             # Three values + calculate_per_token_loss: the schedule neither averages over

@@ -41,6 +41,36 @@ def _tp_max(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def return_hidden_states(model: torch.nn.Module) -> None:
+    """Make a last-stage `GPTModel` return its final hidden states `[b, s, h]` where it returned
+    logits: its output layer passes them through, for `head_stats` to run the head in chunks
+    (trainer.logprobs). The layer keeps its weight (checkpoints and pushes are unchanged)."""
+
+    def passthrough(
+        hidden: torch.Tensor, weight: object = None, runtime_gather_output: object = None
+    ) -> tuple[torch.Tensor, None]:
+        return hidden, None
+
+    model.output_layer.forward = passthrough  # type: ignore[method-assign]
+
+
+def head_weight(model: torch.nn.Module) -> torch.Tensor:
+    """This TP rank's slice of the LM head of a last-stage `GPTModel` (under DDP or not): the
+    embedding when the two are tied."""
+    m = getattr(model, "module", model)
+    if m.share_embeddings_and_output_weights:
+        return m.shared_embedding_or_output_weight()
+    return m.output_layer.weight
+
+
+def tp_group() -> dist.ProcessGroup | None:
+    from megatron.core import parallel_state
+
+    if _tp_size() == 1:
+        return None
+    return parallel_state.get_tensor_model_parallel_group()
+
+
 def vocab_parallel_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
