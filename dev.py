@@ -409,8 +409,11 @@ def run_compose(args: list[str]) -> int:
 GPU_WHEELS = (
     "annotated-types",
     "fastapi",
+    "httpcore2",
+    "httpx2",
     "huggingface-hub",
     "megatron-core",
+    "opentelemetry-api",
     "protobuf",
     "pydantic",
     "pydantic-core",
@@ -423,6 +426,7 @@ GPU_WHEELS = (
     "tenacity",
     "tokenizers",
     "transformers",
+    "truststore",
     "typing-inspection",
     "uvicorn",
 )

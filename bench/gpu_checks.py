@@ -33,7 +33,7 @@ class Check:
     what: str
 
 
-def checks(smoke: bool) -> list[Check]:
+def checks(smoke: bool, out: Path) -> list[Check]:
     py = [sys.executable, "-P"]
     step = [*py, "bench/trainer_step.py"]
     if smoke:
@@ -55,6 +55,12 @@ def checks(smoke: bool) -> list[Check]:
             [*step, "--repeats", "2"],
             300,
             "one GRPO step of Qwen2.5-3B at slime's batch, both backends, MFU (issue 31)",
+        ),
+        Check(
+            "trainer_profile",
+            [*step, "--repeats", "1", "--samples", "32", "--profile", str(out)],
+            150,
+            "where the step's time goes: operators by GPU time, logprob pass and training pass",
         ),
         Check(
             "logprobs_memory",
@@ -134,7 +140,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     wanted = {n for n in args.only.split(",") if n}
-    for check in checks(args.cpu_smoke):
+    for check in checks(args.cpu_smoke, out):
         if wanted and check.name not in wanted:
             continue
         left = args.budget_s - (time.monotonic() - start)

@@ -36,7 +36,7 @@ from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 
 
-async def throughput(url: str, n: int, new_tokens: int) -> dict[str, float]:
+async def throughput(url: str, n: int, new_tokens: int, *, exact: bool) -> dict[str, float]:
     prompts = [[1, *range(100 + i, 110 + i)] for i in range(n)]
     async with InferenceClient(url, timeout_s=600) as c:
         # Warm-up, concurrent so the pool holds n keep-alive connections as in steady state
@@ -56,7 +56,12 @@ async def throughput(url: str, n: int, new_tokens: int) -> dict[str, float]:
         start = time.perf_counter()
         conc_tokens = sum(await asyncio.gather(*(one(i) for i in range(n))))
         conc_s = time.perf_counter() - start
-    assert conc_tokens == seq_tokens, "seeded runs must produce the same tokens"
+    if not exact:
+        # bf16 on a GPU: a batch's kernels round differently from one request's, so seeded
+        # samples can part ways; token counts are compared, not asserted.
+        print(f"batched and one-at-a-time token counts: {conc_tokens} vs {seq_tokens}")
+    else:
+        assert conc_tokens == seq_tokens, "seeded runs must produce the same tokens"
     seq_tps, conc_tps = seq_tokens / seq_s, conc_tokens / conc_s
     print(f"one at a time : {seq_tokens} tokens in {seq_s:.2f} s = {seq_tps:.0f} tok/s")
     print(f"{n} concurrent: {conc_tokens} tokens in {conc_s:.2f} s = {conc_tps:.0f} tok/s")
@@ -167,7 +172,10 @@ def main() -> None:
             "SEARCHR1_INFERENCE__TORCH_ENGINE__DTYPE": args.dtype,
         }
         with InferenceServerProcess(tiny, env=engine_env) as server:
-            results.update(asyncio.run(throughput(server.url, args.requests, args.new_tokens)))
+            exact = args.device == "cpu" and args.dtype == "float32"
+            results.update(
+                asyncio.run(throughput(server.url, args.requests, args.new_tokens, exact=exact))
+            )
 
         if not args.skip_weights:
             big = make_tiny_model(

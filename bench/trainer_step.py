@@ -3,7 +3,7 @@
     python bench/trainer_step.py [--shape qwen2.5-3b|tiny] [--samples 256] [--budget 8192]
                                  [--backends hf,megatron] [--repeats 2] [--device cuda]
                                  [--kl-coef 0.001] [--recompute none|attention|full]
-                                 [--logprob-chunk 1024]
+                                 [--logprob-chunk 1024] [--profile DIR]
 
 Random weights in the shape's Hugging Face config (Qwen2.5-3B: 36 layers, hidden 2048, GQA
 16/2, vocabulary 151,936, tied embeddings), a rollout batch of `--samples` Search-R1-shaped
@@ -166,11 +166,48 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
         out["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
         out["mfu"] = round(flops_s / (args.peak_tflops * 1e12), 3)
     print(f"backend {name}: " + " ".join(f"{k}={v}" for k, v in out.items()), flush=True)
+    if args.profile:
+        profile_passes(name, backend, cfg, hf_cfg.vocab_size, Path(args.profile))
     del backend
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> None:  # type: ignore[no-untyped-def]
+    """Where a step's time goes: torch.profiler over one logprob (forward-only) pass and one
+    forward + backward, each on the micro-batches of 32 new samples; the top operators by
+    device time to `out/profile-<backend>-<pass>.txt`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer.backend import Policy
+    from trainer.losses import LossTerms
+    from trainer.step import build_sequences, rank_microbatches
+
+    out.mkdir(parents=True, exist_ok=True)
+    seqs = build_sequences(batch(32, vocab, seed=2000), cfg)[0]
+    mbs = rank_microbatches(seqs, backend, cfg)
+
+    def fwd_bwd() -> None:
+        backend.forward_backward(
+            mbs, lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
+        )
+
+    passes = {"logprobs": lambda: backend.logprobs(mbs, Policy.REFERENCE), "train": fwd_bwd}
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    for what, run in passes.items():
+        run()  # warm
+        with profile(activities=activities) as prof:
+            run()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by=sort, row_limit=40)
+        (out / f"profile-{name}-{what}.txt").write_text(table)
+        print(f"profile {name} {what}:\n" + "\n".join(table.splitlines()[:16]), flush=True)
 
 
 def main() -> None:
@@ -185,6 +222,7 @@ def main() -> None:
     ap.add_argument("--recompute", default="none", choices=["none", "attention", "full"])
     ap.add_argument("--logprob-chunk", type=int, default=1024, help="0: full fp32 logits")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak")
+    ap.add_argument("--profile", default="", help="a folder: profile each backend's passes")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     kv: dict[str, object] = {
