@@ -25,6 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The trainer step as it ran before issue 31 (docs/benchmarks.md, 2026-11-25).
+BEFORE_ISSUE_31 = ["--budget", "4096", "--recompute", "full", "--logprob-chunk", "0"]
+BEFORE_ISSUE_31 += ["--attention", "per-sequence"]
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -55,6 +60,13 @@ def checks(smoke: bool, out: Path) -> list[Check]:
             [*step, "--repeats", "2"],
             300,
             "one GRPO step of Qwen2.5-3B at slime's batch, both backends, MFU (issue 31)",
+        ),
+        Check(
+            "trainer_step_baseline",
+            [*step, "--repeats", "1", *BEFORE_ISSUE_31],
+            200,
+            "the step as before issue 31 (per-sequence attention, full logits, full recompute, "
+            "4,096-token micro-batches), on the same card",
         ),
         Check(
             "trainer_profile",

@@ -4,6 +4,7 @@
                                  [--backends hf,megatron] [--repeats 2] [--device cuda]
                                  [--kl-coef 0.001] [--recompute none|attention|full]
                                  [--logprob-chunk 1024] [--profile DIR]
+                                 [--attention varlen|per-sequence]
 
 Random weights in the shape's Hugging Face config (Qwen2.5-3B: 36 layers, hidden 2048, GQA
 16/2, vocabulary 151,936, tied embeddings), a rollout batch of `--samples` Search-R1-shaped
@@ -223,8 +224,18 @@ def main() -> None:
     ap.add_argument("--logprob-chunk", type=int, default=1024, help="0: full fp32 logits")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak")
     ap.add_argument("--profile", default="", help="a folder: profile each backend's passes")
+    ap.add_argument(
+        "--attention",
+        default="varlen",
+        choices=["varlen", "per-sequence"],
+        help="per-sequence: the pre-issue-31 attention on CUDA too (a baseline on the same card)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if args.attention == "per-sequence":
+        import trainer.attention
+
+        trainer.attention.flash_varlen_applies = lambda query, dropout: False
     kv: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "shape": args.shape,
@@ -232,6 +243,7 @@ def main() -> None:
         "budget": args.budget,
         "recompute": args.recompute,
         "logprob_chunk": args.logprob_chunk,
+        "attention": args.attention,
     }
     for name in args.backends.split(","):
         for k, v in run_backend(name, args).items():
