@@ -30,11 +30,15 @@ TMP = "{tmp}"  # replaced by the test's tmp_path
 SMOKE: dict[str, tuple[list[str], int]] = {
     "bus": (["--n", "200", "--tokens", "64", "--batch", "16"], 60),
     "fuzz": (["--examples", "1"], 180),
+    # dev.py gpu's runner: on the CPU, its environment check and one bench through it.
+    "gpu_checks": (["--cpu-smoke", "--only", "env,logprobs_memory", "--out", TMP], 180),
     "handover": (["--hidden", "64", "--layers", "1", "--rounds", "1", "--bucket-mb", "1"], 120),
     "inference": (["--requests", "4", "--new-tokens", "8", "--big-hidden", "64",
                    "--big-layers", "1", "--bucket-mb", "1"], 120),
     "inspect_pages": (["--tokens", "400", "--searches", "1", "--steps", "10",
                        "--repeats", "1"], 120),
+    "logprobs": (["--tokens", "256", "--vocab", "4096", "--hidden", "64", "--chunk", "64",
+                  "--repeats", "1", "--device", "cpu"], 120),
     "orchestrator_scale": (["--groups-per-step", "4", "--group-size", "2", "--steps", "1",
                             "--engines", "1", "--max-concurrent", "16", "--turn-tokens", "20",
                             "--timeout-s", "120"], 180),
