@@ -89,7 +89,9 @@ class HFBackend(TrainerBackend):
         if self.varlen:
             use_varlen(model, recompute=recompute == Recompute.ATTENTION)
         if recompute == Recompute.FULL:
-            model.gradient_checkpointing_enable()
+            # transformers renamed it (the old name warns from 5.2x on, goes in v6).
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)()
         # Logprobs from the hidden states in chunks (trainer.logprobs): one process only (FSDP
         # shards the head) and a plain linear head.
         self.logprob_chunk = cfg.model.logprob_chunk_tokens if plain_head(model) else 0

@@ -207,3 +207,23 @@ def test_recompute_attention_needs_varlen_on_hf() -> None:
 def test_the_old_gradient_checkpointing_key_names_its_replacement() -> None:
     with pytest.raises(ValueError, match="recompute: full"):
         TrainerConfig(model={"gradient_checkpointing": True})
+
+
+def test_hf_recompute_modes_give_the_same_gradients() -> None:
+    """`model.recompute` attention (a checkpoint around the varlen attention) and full (HF's
+    gradient checkpointing) recompute what `none` keeps: the gradients are bit-identical."""
+    from trainer.losses import LossTerms
+
+    mb = _packed_batch()
+    grads = []
+    for mode in ("none", "attention", "full"):
+        backend = HFBackend(tiny_qwen2(), TrainerConfig(model=ModelConfig(recompute=mode)), CPU)
+        backend.forward_backward(
+            [mb], lambda mb, lp, ent: LossTerms(loss=lp.sum() + ent.sum(), metrics={}),
+            entropy_grad=True,
+        )  # fmt: skip
+        grads.append({n: p.grad.clone() for n, p in backend.model.named_parameters()})
+    for name, g in grads[0].items():
+        assert g.abs().max() > 0, name
+        for other in grads[1:]:
+            assert torch.equal(g, other[name]), name
