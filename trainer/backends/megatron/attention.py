@@ -44,11 +44,12 @@ class SegmentAttention(DotProductAttention):
             "SegmentAttention takes segment_lengths as its attention_mask"
         )
         sq, b, heads, dim = query.shape
+        per_row = attention_mask.sum(dim=1)
+        assert bool((per_row == sq).all()), (
+            f"segment lengths sum to {per_row.tolist()} per row, each row has {sq} tokens"
+        )
         lengths = attention_mask.reshape(-1)  # every row's segments, one after another
         lengths = lengths[lengths > 0]
-        assert int(lengths.sum()) == sq * b, (
-            f"segment lengths sum to {int(lengths.sum())}, the rows hold {sq * b} tokens"
-        )
         bounds = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=bounds[1:])
         # [s, b, h, d] -> [b * s, h, d]: the rows one after another, as one packed row.
