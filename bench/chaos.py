@@ -37,6 +37,7 @@ trained in two steps. Held-out EM of both runs' final models. Run from the repos
     OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
                                                          [--seed 0] [--train-seed N]
                                                          [--dynamic-sampling]
+                                                         [--no-baseline]
 
 `--dynamic-sampling` runs both with over-sampling and the reward_std group filter (docs/
 orchestrator.md, "Dynamic sampling"): filtered groups are never published, so never lost.
@@ -550,7 +551,9 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult) -> tuple[str, bool]:
+def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult | None) -> tuple[str, bool]:
+    """The faulted run's summary, beside the fault-free run's (`base`; None with
+    --no-baseline)."""
     led = chaos.ledger
     recovered = [f for f in chaos.faults if f.recovered_at is not None]
     rec_s = [f.recover_s for f in recovered if f.recover_s is not None]
@@ -559,9 +562,13 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult) -> tuple[str, bo
     print(
         f"published={led.published} trained={led.trained} dead={len(led.dead)} "
         f"unlogged={len(led.unlogged)} rewinds={led.rewinds} restarts={chaos.restarts} "
-        f"finished={chaos.finished} error={chaos.error or '-'} "
-        f"no_faults: lost={len(base.ledger.lost)} duplicated={len(base.ledger.duplicated)} "
-        f"steps={base.ledger.steps} stalled_s_max={base.stalled_s_max:.1f}"
+        f"finished={chaos.finished} error={chaos.error or '-'} no_faults: "
+        + (
+            f"lost={len(base.ledger.lost)} duplicated={len(base.ledger.duplicated)} "
+            f"steps={base.ledger.steps} stalled_s_max={base.stalled_s_max:.1f}"
+            if base
+            else "not run (--no-baseline)"
+        )
     )
     if led.lost:
         print(f"lost ids (first 10): {led.lost[:10]} dead: {dict(list(led.dead.items())[:10])}")
@@ -576,7 +583,8 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult) -> tuple[str, bo
         f"recovered={len(recovered)} lost={len(led.lost)} "
         f"duplicated={len(led.duplicated)} stalled_s_max={chaos.stalled_s_max:.1f} "
         f"recover_p50_s={percentile(rec_s, 50):.1f} recover_p99_s={percentile(rec_s, 99):.1f} "
-        f"steps={led.steps} em_after={chaos.em_after:.3f} em_after_no_faults={base.em_after:.3f}"
+        f"steps={led.steps} em_after={chaos.em_after:.3f} "
+        f"em_after_no_faults={f'{base.em_after:.3f}' if base else '-'}"
     )
     return line, ok
 
@@ -618,6 +626,12 @@ def main() -> int:
         default=None,
         help="async mode at this max_staleness (overlapping steps); default: sync",
     )
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the fault-free run (its EM and ledger are the comparison; the tests, which "
+        "check the faulted run's ledger only, save its minutes)",
+    )
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
@@ -650,8 +664,10 @@ def main() -> int:
     demo, index_dir, warm, rows = build_world(cfg)
     paths = (index_dir, warm, rows)
     print(f"world ready in {time.monotonic() - start:.0f}s", flush=True)
-    base = run_once(cfg, demo, paths, cfg.out_dir / "run-no-faults", faults=0)
-    print(f"fault-free run done at {time.monotonic() - start:.0f}s", flush=True)
+    base = None
+    if not args.no_baseline:
+        base = run_once(cfg, demo, paths, cfg.out_dir / "run-no-faults", faults=0)
+        print(f"fault-free run done at {time.monotonic() - start:.0f}s", flush=True)
     chaos = run_once(cfg, demo, paths, cfg.out_dir / "run-faults", faults=cfg.faults)
     line, ok = report(cfg, chaos, base)
     print(f"wall_s={time.monotonic() - start:.0f}", flush=True)

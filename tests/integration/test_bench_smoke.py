@@ -58,7 +58,7 @@ SMOKE: dict[str, tuple[list[str], int]] = {
 # Run by test_demo_benches_smoke, one feeding the other.
 DEMO = {"demo_seeds", "demo_runs"}
 ELSEWHERE = {
-    "chaos": "tests/integration/test_chaos.py (slow: --quick, 3 faults, ~8 min)",
+    "chaos": "tests/integration/test_chaos.py (slow: --quick --no-baseline, 3 runs, ~7 min)",
     "pipeline": "tests/integration/test_pipeline_bench.py (slow: --shape tiny)",
 }
 HELPERS = {

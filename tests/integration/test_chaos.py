@@ -38,11 +38,21 @@ def test_lost_duplicated_dead_and_unlogged_are_told_apart() -> None:
     assert result.dead == {"d": "x"}
 
 
-def run_chaos(tmp_path: Path, *args: str) -> dict[str, str]:
-    """bench/chaos.py on the quick demo's stack, 3 faults, 2 x 2 groups: its last line."""
+@pytest.fixture(scope="module")
+def chaos_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One --out for the module's runs: the quick world, index and warm start are built once
+    and reused (bench/chaos.py keeps them; each run replaces only its own run directory)."""
+    return tmp_path_factory.mktemp("chaos")
+
+
+def run_chaos(out: Path, *args: str) -> dict[str, str]:
+    """bench/chaos.py on the quick demo's stack, 3 faults, 2 x 2 groups, the faulted run only
+    (the fault-free one is the bench's EM comparison, not what these tests check): its last
+    line."""
     cmd = [
         sys.executable, "-P", str(ROOT / "bench" / "chaos.py"), "--quick", "--faults", "3",
-        "--groups-per-step", "2", "--group-size", "2", "--out", str(tmp_path / "chaos"), *args,
+        "--groups-per-step", "2", "--group-size", "2", "--out", str(out),
+        "--no-baseline", *args,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1450)
@@ -57,9 +67,9 @@ def run_chaos(tmp_path: Path, *args: str) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    """A trainer kill, a Redis kill and a refused weight push (~8 min on 2 cores)."""
-    values = run_chaos(tmp_path, "--kinds", "kill:trainer,kill:redis,refuse_push")
+def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(chaos_out: Path) -> None:
+    """A trainer kill, a Redis kill and a refused weight push (~2 min on 2 cores)."""
+    values = run_chaos(chaos_out, "--kinds", "kill:trainer,kill:redis,refuse_push")
     assert values["faults"] == values["recovered"] == "3"
     assert (values["lost"], values["duplicated"]) == ("0", "0")
     assert values["steps"] == "18"  # 4 per fault + 6: every step done
@@ -67,11 +77,11 @@ def test_three_faults_on_the_quick_stack_lose_and_duplicate_nothing(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_async_overlap_survives_a_kill_and_two_freezes(tmp_path: Path) -> None:
+def test_async_overlap_survives_a_kill_and_two_freezes(chaos_out: Path) -> None:
     """Async mode (steps overlapping) with an orchestrator kill and SIGSTOP freezes of the
-    engine and of Redis (issue 32's freeze kind, 10-20 s): ~3 min on 2 cores."""
+    engine and of Redis (issue 32's freeze kind, 10-20 s): ~2 min on 2 cores."""
     values = run_chaos(
-        tmp_path,
+        chaos_out,
         "--kinds", "kill:orchestrator,freeze:inference,freeze:redis",
         "--async-staleness", "1", "--freeze-s", "10,20",
     )  # fmt: skip
@@ -82,8 +92,8 @@ def test_async_overlap_survives_a_kill_and_two_freezes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_full_disks_a_one_way_partition_and_a_lossy_link(tmp_path: Path) -> None:
-    """Issue 32's kinds beyond freezes, 5-10 s each while the run goes on (~6 min on 2 cores):
+def test_full_disks_a_one_way_partition_and_a_lossy_link(chaos_out: Path) -> None:
+    """Issue 32's kinds beyond freezes, 5-10 s each while the run goes on (~3 min on 2 cores):
     the checkpoint tmpfs full, the engine's answers held (requests still arrive), the
     retriever's link resetting connections, Redis's AOF disk full (Redis exits at each write
     and is restarted, backing off, until there is room). The full checkpoint disk is logged
@@ -91,11 +101,11 @@ def test_full_disks_a_one_way_partition_and_a_lossy_link(tmp_path: Path) -> None
     kinds = "disk_full:redis,partition_oneway:inference,disk_full:checkpoint,lossy_link:retriever"
     # Steps go on during each fault: enough of them that all four are injected.
     values = run_chaos(
-        tmp_path, "--kinds", kinds, "--faults", "4", "--freeze-s", "5,10", "--steps", "70"
+        chaos_out, "--kinds", kinds, "--faults", "4", "--freeze-s", "5,10", "--steps", "70"
     )  # the last --faults wins over run_chaos's 3
     out = values["_out"]
     assert values["faults"] == values["recovered"] == "4" and values["kinds"] == "4", out
     assert (values["lost"], values["duplicated"]) == ("0", "0"), out
     assert values["steps"] == "70" and float(values["stalled_s_max"]) < 60, out
-    log = (tmp_path / "chaos" / "run-faults" / "logs" / "trainer.log").read_text()
+    log = (chaos_out / "run-faults" / "logs" / "trainer.log").read_text()
     assert log.count("checkpoint not written, disk full") == 1
