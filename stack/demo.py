@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 CONFIG_TEMPLATE = Path(__file__).resolve().parents[1] / "configs" / "demo-cpu.yaml"
 TASK_SEARCH_R1 = "search-r1"
 TASKS = (TASK_SEARCH_R1, TASK_MULTI_TOOL)
+# GRPO steps by task when `--steps` is not given
+RL_STEPS = {TASK_SEARCH_R1: 30, TASK_MULTI_TOOL: mt.RL_STEPS}
 
 
 @dataclass(frozen=True)

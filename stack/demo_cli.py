@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from searchr1.logs import setup_logging
-from stack.demo import TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
+from stack.demo import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
 from stack.launcher import run_supervised
 from trainer.backends.registry import BACKENDS
 
@@ -18,7 +18,9 @@ from trainer.backends.registry import BACKENDS
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Where every artifact of the run goes."),
     seed: int = typer.Option(0, help="Seed of the world, the model and the training."),
-    steps: int = typer.Option(30, min=1, help="GRPO steps."),
+    steps: int | None = typer.Option(
+        None, min=1, help="GRPO steps (default: 30 for search-r1, 12 for multi-tool)."
+    ),
     quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
     engine: str = typer.Option(
         "torch", help="Inference service: torch (our reference engine) or sglang (real SGLang)."
@@ -107,7 +109,7 @@ def demo(
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
         if quick
-        else DemoConfig(out, seed, rl_steps=steps, **chosen)
+        else DemoConfig(out, seed, rl_steps=steps or RL_STEPS[task], **chosen)
     )
     result = run_supervised(lambda: run_demo(cfg))
     print_demo_summary(result, out, engine, trainer_backend)

@@ -117,3 +117,19 @@ def test_last_line_names_engine_and_trainer_backend(
     demo_cli.print_demo_summary({"em_before": 0.1, "em_after": 0.5}, tmp_path, "torch", "megatron")
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "em_before=0.100 em_after=0.500 engine=torch trainer_backend=megatron"
+
+
+@pytest.mark.parametrize(
+    ("args", "steps"),
+    [([], 30), (["--task", "multi-tool"], 12), (["--task", "multi-tool", "--steps", "5"], 5)],
+)
+def test_grpo_steps_default_by_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], steps: int
+) -> None:
+    seen: list[DemoConfig] = []
+    monkeypatch.setattr(demo_cli, "run_demo", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr(demo_cli, "run_supervised", lambda run: run())
+    monkeypatch.setattr(demo_cli, "print_demo_summary", lambda *a: None)
+    result = CliRunner().invoke(cli.app, ["demo", "--out", str(tmp_path), *args])
+    assert result.exit_code == 0, result.output
+    assert [cfg.rl_steps for cfg in seen] == [steps]
