@@ -3,7 +3,8 @@
 Builds the demo's world, index and warm-started model (`stack.demo`; reused when
 `--out` already holds them), then runs GRPO twice through the real services under
 `searchr1.supervisor` with `local.restart: on-failure` (as compose's `restart: on-failure`
-and a Kubernetes Job would restart them): once without faults, once with `--faults` of:
+and a Kubernetes Job would restart them): once without faults (skipped with `--no-baseline`),
+once with `--faults` of:
 
 - `kill:<service>`: SIGKILL of the process group of the trainer, orchestrator, inference
   engine, retriever or redis-server (AOF, `appendfsync always`, supervised like the others);
@@ -557,18 +558,18 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult | None) -> tuple[
     led = chaos.ledger
     recovered = [f for f in chaos.faults if f.recovered_at is not None]
     rec_s = [f.recover_s for f in recovered if f.recover_s is not None]
+    no_faults = "not run (--no-baseline)"
+    if base is not None:
+        no_faults = (
+            f"lost={len(base.ledger.lost)} duplicated={len(base.ledger.duplicated)} "
+            f"steps={base.ledger.steps} stalled_s_max={base.stalled_s_max:.1f}"
+        )
     for f in chaos.faults:
         print(f"  {f.kind:18s} recover_s={f.recover_s}")
     print(
         f"published={led.published} trained={led.trained} dead={len(led.dead)} "
         f"unlogged={len(led.unlogged)} rewinds={led.rewinds} restarts={chaos.restarts} "
-        f"finished={chaos.finished} error={chaos.error or '-'} no_faults: "
-        + (
-            f"lost={len(base.ledger.lost)} duplicated={len(base.ledger.duplicated)} "
-            f"steps={base.ledger.steps} stalled_s_max={base.stalled_s_max:.1f}"
-            if base
-            else "not run (--no-baseline)"
-        )
+        f"finished={chaos.finished} error={chaos.error or '-'} no_faults: {no_faults}"
     )
     if led.lost:
         print(f"lost ids (first 10): {led.lost[:10]} dead: {dict(list(led.dead.items())[:10])}")

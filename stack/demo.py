@@ -62,7 +62,7 @@ class DemoConfig:
     hidden_size: int = 128
     num_layers: int = 2
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    rl_steps: int = 30
+    rl_steps: int = RL_STEPS[TASK_SEARCH_R1]
     eval_limit: int | None = None
     quick: bool = False
     # The warm start runs alone (no services yet), so by default it uses every core.

@@ -19,7 +19,11 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Where every artifact of the run goes."),
     seed: int = typer.Option(0, help="Seed of the world, the model and the training."),
     steps: int | None = typer.Option(
-        None, min=1, help="GRPO steps (default: 30 for search-r1, 12 for multi-tool)."
+        None,
+        min=1,
+        help="GRPO steps (default: "
+        + ", ".join(f"{n} for {task}" for task, n in RL_STEPS.items())
+        + ").",
     ),
     quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
     engine: str = typer.Option(
