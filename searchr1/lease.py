@@ -6,8 +6,12 @@ holder that lost it (paused past the TTL, partitioned) finds out at its next ren
 extending someone else's lease. A renewal that meets a Redis blip is retried at once through
 the shared policy (`searchr1.redis_retry`), until the lease would have expired: waiting a third
 of the TTL between tries, two Redis restarts in a row cost the trainer its lease (bench/chaos.py).
-The token is random per holder; `holder` (host, pid) is stored beside it for the
-error message of whoever is refused.
+`check()` raises LeaseLost once the holder's own clock says the lease may have expired (counted
+from the send of the last SET or renewal that held, so never later than Redis's own expiry): what
+the holder does that Redis cannot fence (a weight push to the engines, a checkpoint on a shared
+volume) calls it first, so a holder paused past its TTL (SIGSTOP, a GC pause, a partition) does
+not act on a lease another holder may own by then. The token is random per holder; `holder`
+(host, pid) is stored beside it for the error message of whoever is refused.
 """
 
 from __future__ import annotations
@@ -59,12 +63,15 @@ class RedisLease:
         self.value = json.dumps(
             {"token": self.token, "host": socket.gethostname(), "pid": os.getpid()}
         )
+        self.valid_until = 0.0  # monotonic; see check()
 
     async def acquire(self, wait_s: float = 0.0) -> None:
         """Take the lease, waiting up to `wait_s` for the current holder's to expire."""
         deadline = time.monotonic() + wait_s
         while True:
+            sent = time.monotonic()
             if await self.redis.set(self.key, self.value, nx=True, px=int(self.ttl_s * 1000)):
+                self.valid_until = sent + self.ttl_s
                 return
             if time.monotonic() >= deadline:
                 raw = await self.redis.get(self.key)
@@ -83,18 +90,26 @@ class RedisLease:
         """Renew until cancelled; raises LeaseLost once the lease is someone else's (or gone).
         A renewal call that fails on a Redis blip is retried until the TTL would have run out
         (counted from the send of the last renewal that held: its extension started no later)."""
-        held_since = time.monotonic()
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             sent = time.monotonic()
-            left = held_since + self.ttl_s - sent
+            left = self.valid_until - sent
             try:
                 ok = await self._retry.call("renew", self.renew, deadline_s=max(left, 0.001))
             except RedisUnavailable as e:
                 raise LeaseLost(f"{self.key}: not renewed for {self.ttl_s}s ({e})") from e
             if not ok:
                 raise LeaseLost(f"{self.key}: taken over or expired")
-            held_since = sent
+            self.valid_until = sent + self.ttl_s
+
+    def check(self) -> None:
+        """LeaseLost if the lease may have expired by now (see the module's docstring)."""
+        late = time.monotonic() - self.valid_until
+        if late >= 0:
+            raise LeaseLost(
+                f"{self.key}: not renewed for {self.ttl_s + late:.1f}s (TTL {self.ttl_s}s): "
+                "another holder may own it"
+            )
 
     async def release(self) -> None:
         await self.redis.eval(_RELEASE, 1, self.key, self.token)

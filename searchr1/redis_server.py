@@ -49,7 +49,11 @@ class RedisServer:
         appendfsync: str = "always",
         password: str | None = None,
         binary: str | None = None,
+        host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
     ) -> None:
+        """`host`: the address it listens on (beyond loopback, set a password); `prefix`: what
+        its command runs under (`ip netns exec <host>`: a host of its own, harness/netns.py)."""
         self.port = port or free_port()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="searchr1-redis-")
         self.data_dir = Path(data_dir or self._tmp.name)  # type: ignore[union-attr]
@@ -57,13 +61,15 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.password = password
+        self.host = host
+        self.prefix = list(prefix or [])
         self.binary = binary or find_redis_binary()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
     def log_path(self) -> Path:
@@ -71,9 +77,10 @@ class RedisServer:
 
     def command(self) -> list[str]:
         cmd = [
+            *self.prefix,
             self.binary,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", self.host,
             "--dir", str(self.data_dir),
             "--save", "",
             "--daemonize", "no",

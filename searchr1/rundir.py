@@ -75,6 +75,8 @@ class RunLayout:
 
 METRICS_STEP = "step"  # the training step, from 1
 METRICS_TRAJECTORY_IDS = "trajectory_ids"  # every trajectory the step trained on
+METRICS_TRAINER = "trainer"  # host:pid of the trainer process that trained it (the lease's holder)
+METRICS_TIME = "time"  # Unix time when it was logged
 
 
 # -- the rollout log's Parquet files: one row per logged trajectory ---------------------------

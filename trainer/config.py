@@ -325,6 +325,14 @@ class TrainerConfig(Section):
         description="One trainer per bus stream: it holds a Redis lease renewed every third of "
         "this; a second trainer is refused, and one that loses its lease stops at once.",
     )
+    lease_wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="How long a starting trainer waits for the run's lease before it gives up "
+        "(exit 1). None: 1.5 x lease_ttl_s, the time a dead predecessor's lease takes to expire. "
+        "A hot standby (a second trainer, model loaded, that takes over when the holder dies or "
+        "is cut off from Redis) sets a long wait.",
+    )
     metrics_jsonl: str | None = Field(default=None, description="Append one JSON line per step.")
     tensorboard_dir: str | None = Field(
         default=None, description="Used when tensorboard is installed."

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from typing import Any
 
 from protos.trajectory import Trajectory, decode, encode
 from searchr1.bus import Delivery, Receipt, TrajectoryBus
-from searchr1.rundir import METRICS_STEP, METRICS_TRAJECTORY_IDS
+from searchr1.rundir import METRICS_STEP, METRICS_TIME, METRICS_TRAINER, METRICS_TRAJECTORY_IDS
 from searchr1.sections import RunConfig
 from trainer.backend import TrainerBackend
 from trainer.checkpoint import CheckpointDiskFull, CheckpointManager, TrainerState
@@ -152,6 +154,7 @@ class TrainingLoop:
         self._checkpointed_step = 0
         self._disk_full = False  # the last checkpoint met a full disk (logged once per spell)
         self._resumed = False
+        self._holds_lease: Callable[[], None] = lambda: None  # set by run()
         self._last_resync_check = time.monotonic()
         self._ended: str | None = None  # rank 0: the producer's reason for publishing no more
 
@@ -263,7 +266,11 @@ class TrainingLoop:
         last = self.run_cfg.max_steps
         return last is not None and self.status.step >= last
 
-    async def run(self) -> None:
+    async def run(self, *, holds_lease: Callable[[], None] | None = None) -> None:
+        """Train until `run.max_steps`, a stop or the end of the data. `holds_lease` raises
+        (LeaseLost) once this trainer may no longer hold the run's lease: called before what
+        Redis cannot fence, each weight push and each checkpoint."""
+        self._holds_lease = holds_lease or (lambda: None)
         self.status.running = True
         try:
             if self.pusher.enabled and (self._resumed or self.pusher.releases_engines):
@@ -399,6 +406,7 @@ class TrainingLoop:
         deadline = time.monotonic() + cfg.retry_deadline_s
         delay, failures = cfg.retry_backoff_s, 0
         while True:
+            self._holds_lease()  # Redis fences acks, not the engines: a stale trainer stops here
             res, error = None, None
             try:
                 res = await self.pusher.push(self.backend, step)
@@ -438,6 +446,7 @@ class TrainingLoop:
         the `final` save of a stopping run raises it instead: the restart resumes from the
         last good checkpoint. Returns the seconds taken, None when nothing was saved."""
         assert self.ckpt is not None
+        self._holds_lease()  # the volume may be shared with the trainer that took over
         start = time.perf_counter()
         state = TrainerState(
             step=self.status.step,
@@ -483,6 +492,9 @@ class TrainingLoop:
         record_step(step, metrics)
         record: dict[str, Any] = {METRICS_STEP: step, **metrics}  # the run dir's metrics file
         record[METRICS_TRAJECTORY_IDS] = [t.trajectory_id for t in trajs]
+        # Which process trained it, and when: after a takeover, two trainers write this file.
+        record[METRICS_TRAINER] = f"{socket.gethostname()}:{os.getpid()}"
+        record[METRICS_TIME] = time.time()
         self.jsonl.write(record)
         self.sinks.write(step, metrics)
         log.info(

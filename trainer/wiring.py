@@ -107,11 +107,13 @@ async def run_trainer(cfg: TrainerSettings, *, resume: bool) -> int:
     exit_cleanly_after_shutdown()
     log.info("listening", extra={"host": http.host, "port": http.port})
     try:
-        async with _run_lease(loop, bus, rank0.lease_lost):
+        async with _run_lease(loop, bus, rank0.lease_lost) as lease:
             if resume and not await _resumed(loop):
                 return 1
             # The weight group is joined lazily at the first push: engines may start after us.
-            training = rank0.training = asyncio.create_task(loop.run(), name="training-loop")
+            training = rank0.training = asyncio.create_task(
+                loop.run(holds_lease=lease.check), name="training-loop"
+            )
             training.add_done_callback(rank0.loop_done)
             try:
                 await rank0.server.serve()
@@ -169,20 +171,21 @@ class _Rank0:
 @contextlib.asynccontextmanager
 async def _run_lease(
     loop: TrainingLoop, bus: TrajectoryBus, on_lost: Callable[[asyncio.Task[None]], None]
-) -> AsyncIterator[None]:
+) -> AsyncIterator[RedisLease]:
     """Hold the run's trainer lease while the body runs (LeaseHeld: another trainer has it).
 
     One trainer per run: a second one would train the same entries, or ack what it did not
     checkpoint. A restarted trainer waits for its dead predecessor's lease to expire."""
     ttl_s = loop.cfg.lease_ttl_s
     lease = RedisLease(bus.redis, f"{bus.stream}:trainer-lease", ttl_s=ttl_s)
-    await lease.acquire(wait_s=ttl_s * 1.5)
+    wait_s = loop.cfg.lease_wait_s
+    await lease.acquire(wait_s=ttl_s * 1.5 if wait_s is None else wait_s)
     # Acks are fenced by the lease token: Redis refuses them once the lease is another's.
     bus.fence_with(lease.key, lease.token)
     keeper = asyncio.create_task(lease.keep(), name="trainer-lease")
     keeper.add_done_callback(on_lost)
     try:
-        yield
+        yield lease
     finally:
         keeper.cancel()
         with contextlib.suppress(Exception):
