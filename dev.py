@@ -314,42 +314,48 @@ def _env() -> dict[str, str]:
     return env
 
 
-def ensure_chromium() -> None:
-    """Debian's chromium for the browser tests (tests/browser): installed with apt when missing
+def ensure_debian(
+    package: str, binaries: list[str], used_by: str, *, recommends: bool = False
+) -> None:
+    """Debian's `package` (providing `binaries`) for `used_by`: installed with apt when missing
     and running as root (CI is). Without it those tests skip, saying why."""
-    if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
+    if all(shutil.which(b) or Path(f"/usr/bin/{b}").exists() for b in binaries):
         return
     if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
-        print("dev.py: no chromium, the browser tests will skip (apt-get install -y chromium)")
+        print(f"dev.py: no {package}, {used_by} will skip (apt-get install -y {package})")
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+    install = ["apt-get", "install", "-y", "-qq", package]
+    if not recommends:
+        install.insert(-1, "--no-install-recommends")
+    for cmd in (["apt-get", "update", "-qq"], install):
         if _run(cmd, env=env) != 0:
-            print("dev.py: installing chromium failed; the browser tests will skip", flush=True)
+            print(f"dev.py: installing {package} failed; {used_by} will skip", flush=True)
             return
+
+
+def ensure_chromium() -> None:
+    ensure_debian("chromium", ["chromium"], "the browser tests (tests/browser)", recommends=True)
 
 
 def ensure_prometheus() -> None:
-    """Debian's prometheus (`prometheus` 2.42 and `promtool`) for the alert rules' promtool
-    tests (tests/unit/deploy/test_alerts.py) and the real-Prometheus tests
-    (tests/integration/test_prometheus_*.py): installed with apt when missing and running as
-    root (CI is). Without it those tests skip, saying why."""
-    if shutil.which("promtool") and shutil.which("prometheus"):
-        return
-    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
-        print("dev.py: no prometheus, the promtool tests will skip (apt-get install -y prometheus)")
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"]
-    for cmd in (["apt-get", "update", "-qq"], install):
-        if _run(cmd, env=env) != 0:
-            print("dev.py: installing prometheus failed; the promtool tests will skip", flush=True)
-            return
+    # `prometheus` 2.42 and `promtool`: the alert rules' promtool tests
+    # (tests/unit/deploy/test_alerts.py) and the real-Prometheus tests.
+    ensure_debian(
+        "prometheus", ["promtool", "prometheus"], "the promtool and real-Prometheus tests"
+    )
+
+
+def ensure_nftables() -> None:
+    # `nft`: partitions between hosts of their own (harness/netns.py; bench/chaos.py --hosts
+    # netns and its tests).
+    ensure_debian("nftables", ["nft"], "the network-namespace partition tests")
 
 
 def run_tests(args: list[str]) -> int:
     ensure_chromium()
     ensure_prometheus()
+    ensure_nftables()
     py = str(_bin("python"))
     env = _env()
     for cmd in (
@@ -369,6 +375,7 @@ def run_slow_tests(args: list[str]) -> int:
     3-fault chaos run, three orchestrators with a kill, the fuzz run, demo-sized runs): CI runs
     them as their own step so `dev.py test` stays a few minutes."""
     ensure_prometheus()
+    ensure_nftables()
     env = _env()
     cmd = [str(_bin("python")), "-m", "pytest", "-m", "slow and not sglang", *args]
     rc = _run(cmd, cwd=ROOT, env=env)

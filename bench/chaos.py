@@ -25,7 +25,18 @@ once with `--faults` of:
   directory, or Redis's (its AOF), is a tmpfs of its own (needs root), shrunk to what it
   holds: the next checkpoint meets ENOSPC; Redis exits at its next write (`appendfsync
   always` cannot go on after a failed AOF write) and is restarted until there is room.
-Freezes, link faults and full disks last `--freeze-s` (10-90 s), the run going on meanwhile.
+- `cut:<a>-<b>`, `cut_oneway:<a>-<b>` (issue 32, `--hosts netns` only): with `--hosts netns`
+  every service, Redis included, runs on a host of its own (a network namespace on a bridge,
+  `harness/netns.py`; tokens and Redis's password on, as in a cluster) beside a standby
+  trainer (`harness/chaos_hosts.py`), and a cut is an nftables drop rule at the switch
+  between hosts a and b (one-way: a's packets to b only): connections stay open and silent,
+  the kernel's own timeouts apply. `trainer` names whichever trainer holds the run's lease
+  (so do `kill:trainer` and `freeze:trainer` there): `cut:trainer-redis` cuts the lease's
+  holder off from Redis, the standby takes over, and the cut one must neither ack, push
+  weights nor checkpoint once healed (`split_brain`: steps logged by a trainer while the
+  lease was observed held by another).
+Freezes, link faults, cuts and full disks last `--freeze-s` (10-90 s), the run going on
+meanwhile.
 
 A fault is injected at a seeded random point of the step after the previous one recovered
 (its service is ready again and the trainer finished a step after it: its `metrics_jsonl`
@@ -39,6 +50,7 @@ trained in two steps. Held-out EM of both runs' final models. Run from the repos
                                                          [--seed 0] [--train-seed N]
                                                          [--dynamic-sampling]
                                                          [--no-baseline]
+                                                         [--hosts loopback|netns]
 
 `--dynamic-sampling` runs both with over-sampling and the reward_std group filter (docs/
 orchestrator.md, "Dynamic sampling"): filtered groups are never published, so never lost.
@@ -71,9 +83,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 import yaml
 
-from harness.chaos_ledger import LedgerResult, read_steps, settle
+from harness.chaos_hosts import HostedStack
+from harness.chaos_ledger import LedgerResult, read_steps, settle, split_brain_steps
 from harness.chaos_proxy import FaultyProxy
 from harness.link_proxy import LinkProxy
+from harness.netns import missing as netns_missing
 from harness.small_disk import SmallDisk
 from searchr1.redis_server import RedisServer, free_port
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
@@ -111,7 +125,18 @@ LINKS: dict[str, dict[str, Any]] = {  # what each link fault does (the module's 
 }
 LINK_KINDS = [f"{k}:{s}" for k in LINKS for s in ("inference", "retriever")]
 DISK_KINDS = ["disk_full:checkpoint", "disk_full:redis"]
-CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS
+# --hosts netns only: partitions at the switch between two hosts (a-b; one-way: a to b dropped).
+CUT_KINDS = [
+    "cut:trainer-redis",  # the lease's holder cut off from Redis: the standby takes over
+    "cut:orchestrator-redis",
+    "cut:orchestrator-inference",
+    "cut:orchestrator-retriever",
+    "cut:inference-trainer",  # an engine cut off from the trainer, mid-broadcast if one runs
+    "cut_oneway:redis-trainer",  # Redis's answers to the holder lost, its requests arrive
+    "cut_oneway:inference-orchestrator",  # the engine's answers lost
+]
+CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS + CUT_KINDS
+PROXY_KINDS = {"refuse_push", "retriever_down", *LINK_KINDS}  # loopback proxies: not with netns
 OUTAGE_S = 30.0
 DISK_BYTES = 8 * 2**30  # a disk_full tmpfs's cap; memory is used only as it is written
 PUSH_PATH = "/update_weights_from_distributed"
@@ -135,6 +160,7 @@ class ChaosConfig:
     recover_timeout_s: float = 300.0
     run_timeout_s: float = 3600.0
     stall_timeout_s: float = 300.0
+    hosts: str = "loopback"  # or "netns": every service on a host of its own (module docstring)
 
     @property
     def steps(self) -> int:
@@ -163,6 +189,7 @@ class RunResult:
     restarts: dict[str, int]
     finished: bool
     error: str = ""
+    split_brain: int = 0
 
 
 # -- the world and each run's config -----------------------------------------------------------
@@ -230,12 +257,20 @@ def write_run_config(
     return path, data
 
 
+def default_kinds(hosts: str) -> list[str]:
+    """The mix without --kinds: on hosts of their own, cuts replace the loopback proxies."""
+    if hosts == "netns":
+        return [k for k in KINDS if k not in PROXY_KINDS] + CUT_KINDS
+    return KINDS
+
+
 def fault_kinds(cfg: ChaosConfig, rng: random.Random) -> list[str]:
     if cfg.kinds:
         return [cfg.kinds[i % len(cfg.kinds)] for i in range(cfg.faults)]
+    mix = default_kinds(cfg.hosts)
     kinds: list[str] = []
     while len(kinds) < cfg.faults:  # every kind once before any twice
-        kinds += rng.sample(KINDS, len(KINDS))
+        kinds += rng.sample(mix, len(mix))
     return kinds[: cfg.faults]
 
 
@@ -243,7 +278,8 @@ def fault_kinds(cfg: ChaosConfig, rng: random.Random) -> list[str]:
 
 
 class Monitor(threading.Thread):
-    """Polls the trainer's step lines and the bus stream (published ids) until stopped."""
+    """Polls the trainer's step lines, the bus stream (published ids) and the trainer lease's
+    holder until stopped."""
 
     def __init__(self, redis_url: str, stream: str, metrics_jsonl: Path) -> None:
         super().__init__(daemon=True, name="chaos-monitor")
@@ -255,6 +291,8 @@ class Monitor(threading.Thread):
         self.published: set[str] = set()
         self.step_times: list[float] = []  # when each step line appeared (monotonic)
         self.steps_done = 0  # the highest step number logged
+        self.lease_key = f"{stream}:trainer-lease"  # trainer/wiring.py's key
+        self.holders: list[tuple[float, str | None]] = []  # (Unix time, "host:pid" or None)
         self.stop_event = threading.Event()
         self._offset = 0
         self._last_id = "-"
@@ -275,6 +313,10 @@ class Monitor(threading.Thread):
                     self.steps_done = max(self.steps_done, int(json.loads(line)["step"]))
                     self.step_times.append(time.monotonic())
         with contextlib.suppress(redis.RedisError):  # Redis down (a fault): read it next time
+            raw = self.client.get(self.lease_key)
+            holder = json.loads(raw) if raw else None
+            who = f"{holder['host']}:{holder['pid']}" if holder else None
+            self.holders.append((time.time(), who))
             start = "-" if self._last_id == "-" else f"({self._last_id}"
             for entry_id, fields in self.client.xrange(self.stream, start, "+", count=2000):
                 self._last_id = entry_id.decode()
@@ -290,20 +332,34 @@ class Monitor(threading.Thread):
     def step_after(self, t: float) -> bool:
         return any(s > t for s in self.step_times)
 
+    def holder_pid(self) -> int | None:
+        """The pid of the trainer that held the lease at the last poll."""
+        who = next((w for _, w in reversed(self.holders[-8:]) if w), None)
+        return int(who.rpartition(":")[2]) if who else None
+
 
 class Stack:
     """Redis and the services under one supervisor on a thread; faults injected from outside."""
 
-    def __init__(self, stack_path: Path, data: dict[str, Any], redis: RedisServer) -> None:
+    def __init__(
+        self,
+        stack_path: Path,
+        data: dict[str, Any],
+        redis: RedisServer,
+        hosts: HostedStack | None = None,
+    ) -> None:
         self.cfg = load_config(stack_path)
         self.redis = redis
         redis_spec = ServiceSpec(
             "redis",
-            redis.command(),
+            redis.command(),  # on its host already (RedisServer's prefix)
             restart=RestartPolicy.ON_FAILURE,
             max_restarts=data["local"]["max_restarts"],
         )
-        specs = [redis_spec, *build_specs(self.cfg, stack_path, redis.url)]
+        services = build_specs(self.cfg, stack_path, redis.url)
+        if hosts is not None:
+            services = hosts.place_specs(services)
+        specs = [redis_spec, *services]
         self.sup = Supervisor(specs, Path(self.cfg.local.log_dir), grace_s=self.cfg.local.grace_s)
         self.stop_event = threading.Event()
         self.ready_at: float | None = None
@@ -330,6 +386,11 @@ class Stack:
 
     def child(self, name: str) -> Any:
         return next(c for c in self.sup.children if c.spec.name == name)
+
+    def trainer_holding(self, pid: int | None) -> str:
+        """Which trainer (with a standby, `trainer` or `trainer-b`) runs as `pid`."""
+        held = [c.spec.name for c in self.sup.children if pid is not None and c.pid == pid]
+        return held[0] if held else "trainer"
 
     def signal(self, name: str, sig: signal.Signals) -> int | None:
         pid = self.child(name).pid
@@ -359,10 +420,22 @@ def inject(
     freeze_s: tuple[float, float] = (10.0, 90.0),
     links: dict[str, LinkProxy] | None = None,
     disks: dict[str, SmallDisk] | None = None,
+    hosts: HostedStack | None = None,
+    trainer: str = "trainer",
 ) -> tuple[Fault, str | None, int | None]:
-    """Apply one fault; returns it with the service that must come back (and its old pid)."""
+    """Apply one fault; returns it with the service that must come back (and its old pid).
+    `trainer`: the service a kind's `trainer` names (with a standby: the lease's holder)."""
     now = time.monotonic()
     action, _, target = kind.partition(":")
+    if action in ("cut", "cut_oneway") and hosts is not None:
+        a, b = (trainer if end == "trainer" else end for end in target.split("-", 1))
+        hosts.net.cut(a, b, oneway=action == "cut_oneway")
+        try:
+            time.sleep(rng.uniform(*freeze_s))
+        finally:  # a cut must never outlive the fault
+            hosts.net.heal()
+        return Fault(kind, now, time.monotonic()), None, None
+    target = trainer if target == "trainer" else target
     if action in LINKS and links is not None:
         seconds = rng.uniform(*freeze_s)
         links[target].impair(seconds, **LINKS[action])
@@ -401,7 +474,7 @@ def wait_recovered(
     timeout_s: float,
 ) -> None:
     deadline = time.monotonic() + timeout_s
-    refused = proxies["engine"].refused_at
+    refused = proxies["engine"].refused_at if "engine" in proxies else []
     while time.monotonic() < deadline and not stack.done:
         if fault.kind == "refuse_push":
             if len(refused) <= fault.refusals_before:  # no push has met the refusal yet
@@ -431,69 +504,88 @@ def run_once(
         SmallDisk(mounted, DISK_BYTES).unmount()
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis, checkpoints and logs
     run_dir.mkdir(parents=True)
-    redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
-    stack_path, data = write_run_config(cfg, demo, run_dir, paths, redis_server.url)
-    engine_url = data["orchestrator"]["engine_url"]
-    proxies = {
-        "engine": FaultyProxy(engine_url).start(),
-        "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
-    }
-    # The orchestrator's links: to the engine, and to the retriever (through its outage proxy).
-    links = {
-        "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
-        "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
-    }
-    data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-    data["orchestrator"]["engine_url"] = links["inference"].url
-    data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
+    hosts = HostedStack().up() if cfg.hosts == "netns" else None
+    redis_args = hosts.redis_server_args() if hosts else {}
+    redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis", **redis_args)
+    # The loopback config evaluates the final model; on hosts, the run has a copy of its own.
+    eval_path, data = write_run_config(cfg, demo, run_dir, paths, redis_server.url)
+    stack_path = eval_path
+    proxies: dict[str, FaultyProxy] = {}
+    links: dict[str, LinkProxy] = {}
+    if hosts is not None:
+        hosts.place_config(data)
+        stack_path = run_dir / "stack-hosts.yaml"
+    else:
+        engine_url = data["orchestrator"]["engine_url"]
+        proxies = {
+            "engine": FaultyProxy(engine_url).start(),
+            "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
+        }
+        # The orchestrator's links: to the engine, and to the retriever (its outage proxy).
+        links = {
+            "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
+            "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
+        }
+        data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
+        data["orchestrator"]["engine_url"] = links["inference"].url
+        data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
     where = {"checkpoint": Path(data["trainer"]["checkpoint"]["dir"]), "redis": run_dir / "redis"}
     disks: dict[str, SmallDisk] = {}
     for kind in set(schedule) & set(DISK_KINDS):
         target = kind.partition(":")[2]
         disks[target] = SmallDisk(where[target], DISK_BYTES).mount()
     stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    stack = Stack(stack_path, data, redis_server)
+    stack = Stack(stack_path, data, redis_server, hosts)
     jsonl = Path(data["trainer"]["metrics_jsonl"])
     monitor = Monitor(redis_server.url, stack.cfg.bus.stream, jsonl)
     injected: list[Fault] = []
-    try:
-        stack.thread.start()
-        monitor.start()
-        deadline = time.monotonic() + cfg.run_timeout_s
-        while stack.ready_at is None and not stack.done and time.monotonic() < deadline:
-            time.sleep(0.5)
-        while monitor.steps_done < 1 and not stack.done and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for kind in schedule:
-            # At a seeded random point of the next step (steps take seconds here).
-            gap_end = time.monotonic() + rng.uniform(0.0, 1.0) * monitor.typical_step_s()
-            while time.monotonic() < gap_end and not stack.done:
-                time.sleep(0.05)
-            # A fault needs a later step to show recovery: none in the last step.
-            if stack.done or monitor.steps_done >= cfg.steps - 1:
-                break
-            fault, service, pid = inject(kind, stack, proxies, rng, cfg.freeze_s, links, disks)
-            injected.append(fault)
-            print(f"fault {len(injected)}: {kind} at step {monitor.steps_done}", flush=True)
-            wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
-            print(f"  recovered in {fault.recover_s}", flush=True)
-        while not stack.done and time.monotonic() < deadline:
-            last = max([stack.ready_at or 0.0, *monitor.step_times[-1:]])
-            if time.monotonic() - last > cfg.stall_timeout_s:  # a hang: stop and report it
-                print(f"no step for {cfg.stall_timeout_s:.0f}s: stopping the run", flush=True)
-                break
-            time.sleep(0.5)
+    try:  # the hosts come down whatever happens
+        try:
+            stack.thread.start()
+            monitor.start()
+            deadline = time.monotonic() + cfg.run_timeout_s
+            while stack.ready_at is None and not stack.done and time.monotonic() < deadline:
+                time.sleep(0.5)
+            while monitor.steps_done < 1 and not stack.done and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for kind in schedule:
+                # At a seeded random point of the next step (steps take seconds here).
+                gap_end = time.monotonic() + rng.uniform(0.0, 1.0) * monitor.typical_step_s()
+                while time.monotonic() < gap_end and not stack.done:
+                    time.sleep(0.05)
+                # A fault needs a later step to show recovery: none in the last step.
+                if stack.done or monitor.steps_done >= cfg.steps - 1:
+                    break
+                trainer = stack.trainer_holding(monitor.holder_pid()) if hosts else "trainer"
+                fault, service, pid = inject(
+                    kind, stack, proxies, rng, cfg.freeze_s, links, disks, hosts, trainer
+                )
+                injected.append(fault)
+                on = f" ({trainer})" if hosts and "trainer" in kind else ""
+                print(f"fault {len(injected)}: {kind}{on} at step {monitor.steps_done}", flush=True)
+                wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
+                print(f"  recovered in {fault.recover_s}", flush=True)
+            while not stack.done and time.monotonic() < deadline:
+                last = max([stack.ready_at or 0.0, *monitor.step_times[-1:]])
+                if time.monotonic() - last > cfg.stall_timeout_s:  # a hang: stop and report it
+                    print(f"no step for {cfg.stall_timeout_s:.0f}s: stopping the run", flush=True)
+                    break
+                time.sleep(0.5)
+        finally:
+            stack.stop()
+            monitor.stop_event.set()
+            monitor.join(5)
+        monitor.poll()  # the last lines
+        ledger = read_ledger(stack, redis_server, jsonl, data)
     finally:
-        stack.stop()
-        monitor.stop_event.set()
-        monitor.join(5)
-    monitor.poll()  # the last lines
-    ledger = read_ledger(stack, redis_server, jsonl, data)
+        if hosts is not None:
+            hosts.down()
     times = [stack.ready_at or 0.0, *monitor.step_times]
     stalled = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    split = split_brain_steps(read_steps(jsonl), monitor.holders)
     export = Path(data["trainer"]["checkpoint"]["export_dir"])
     try:
-        result = evaluate(stack_path, export, paths[2]["test"], run_dir / "eval_after.json",
+        result = evaluate(eval_path, export, paths[2]["test"], run_dir / "eval_after.json",
                           demo.eval_limit)  # fmt: skip
         em = summary_row(result)["em"]
     finally:
@@ -511,6 +603,7 @@ def run_once(
         restarts={c.spec.name: c.restarts for c in stack.sup.children},
         finished=stack.finished_at is not None,
         error=repr(stack.error) if stack.error else "",
+        split_brain=len(split),
     )
 
 
@@ -578,11 +671,13 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult | None) -> tuple[
         and not led.lost
         and not led.duplicated
         and led.steps == cfg.steps
+        and chaos.split_brain == 0
     )
     line = (
         f"faults={len(chaos.faults)} kinds={len({f.kind for f in chaos.faults})} "
         f"recovered={len(recovered)} lost={len(led.lost)} "
-        f"duplicated={len(led.duplicated)} stalled_s_max={chaos.stalled_s_max:.1f} "
+        f"duplicated={len(led.duplicated)} split_brain={chaos.split_brain} "
+        f"stalled_s_max={chaos.stalled_s_max:.1f} "
         f"recover_p50_s={percentile(rec_s, 50):.1f} recover_p99_s={percentile(rec_s, 99):.1f} "
         f"steps={led.steps} em_after={chaos.em_after:.3f} "
         f"em_after_no_faults={f'{base.em_after:.3f}' if base else '-'}"
@@ -633,11 +728,24 @@ def main() -> int:
         help="skip the fault-free run (its EM and ledger are the comparison; the tests, which "
         "check the faulted run's ledger only, save its minutes)",
     )
+    ap.add_argument(
+        "--hosts",
+        choices=["loopback", "netns"],
+        default="loopback",
+        help="netns: every service on a host of its own, with a standby trainer and the cut:* "
+        "kinds (needs root, iproute2 and nftables)",
+    )
     args = ap.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
         if k not in KINDS + CLUSTER_KINDS:
             ap.error(f"unknown fault kind {k!r} (choose from {KINDS + CLUSTER_KINDS})")
+        if args.hosts == "netns" and k in PROXY_KINDS:
+            ap.error(f"--kinds {k}: a loopback proxy's fault, not with --hosts netns")
+        if args.hosts != "netns" and k in CUT_KINDS:
+            ap.error(f"--kinds {k}: needs --hosts netns (a cut between hosts of their own)")
+    if args.hosts == "netns" and netns_missing():
+        ap.error(f"--hosts netns: {netns_missing()}")
     try:
         lo, hi = (float(x) for x in args.freeze_s.split(","))
         assert 0 < lo <= hi
@@ -656,6 +764,7 @@ def main() -> int:
         dynamic_sampling=args.dynamic_sampling,
         max_staleness=args.async_staleness,
         freeze_s=(lo, hi),
+        hosts=args.hosts,
     )
     import logging
 

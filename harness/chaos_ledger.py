@@ -10,6 +10,7 @@ away), which is what "the lineage" below keeps.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,3 +83,28 @@ def settle(
         rewinds=len(records) - len(kept),
         steps=max(kept, default=0),
     )
+
+
+def split_brain_steps(
+    records: list[dict[str, Any]], holders: list[tuple[float, str | None]]
+) -> list[int]:
+    """Steps logged by a trainer while the run's lease was held by another one.
+
+    `holders`: the lease's holder ("host:pid", None when free) as polled, (Unix time, holder)
+    in time order. A step counts only when the last poll before its time and the first after
+    it both name the same other holder, so a step logged just before a takeover is not one.
+    Records without `trainer` or `time` (older trainers) are not judged.
+    """
+    times = [t for t, _ in holders]
+    out = []
+    for rec in records:
+        who, when = rec.get("trainer"), rec.get("time")
+        if who is None or when is None:
+            continue
+        i = bisect.bisect_right(times, when)
+        if i == 0 or i == len(times):
+            continue
+        before, after = holders[i - 1][1], holders[i][1]
+        if before is not None and before == after and before != who:
+            out.append(int(rec["step"]))
+    return out
