@@ -44,7 +44,9 @@ line). recover_s is measured from the end of the injected condition (the kill; t
 or pause's end; the refusal). stalled_s_max is the longest time without a finished trainer
 step. The ledger (harness/chaos_ledger.py): every trajectory id published on the bus
 against the steps that made the final model; lost = published and not trained, duplicated =
-trained in two steps. Held-out EM of both runs' final models. Run from the repository root:
+trained in two steps. Held-out EM of both runs' final models. The kinds and their injection live
+in harness/chaos_faults.py, the supervised stack and its monitor in harness/chaos_stack.py.
+Run from the repository root:
 
     OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
                                                          [--seed 0] [--train-seed N]
@@ -62,17 +64,13 @@ judged against.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import json
 import math
-import os
 import random
 import shutil
 import signal
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,15 +81,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 import yaml
 
+from harness.chaos_faults import (
+    CLUSTER_KINDS,
+    CUT_KINDS,
+    DISK_BYTES,
+    DISK_KINDS,
+    KINDS,
+    PROXY_KINDS,
+    Fault,
+    inject,
+    wait_recovered,
+)
 from harness.chaos_hosts import HostedStack
 from harness.chaos_ledger import LedgerResult, read_steps, settle, split_brain_steps
 from harness.chaos_proxy import FaultyProxy
+from harness.chaos_stack import Monitor, Stack
 from harness.link_proxy import LinkProxy
 from harness.netns import missing as netns_missing
 from harness.small_disk import SmallDisk
 from searchr1.redis_server import RedisServer, free_port
-from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
-from stack.config import load_config
+from searchr1.supervisor import RestartPolicy
 from stack.demo import (
     DemoConfig,
     build_policy,
@@ -101,45 +110,6 @@ from stack.demo import (
     write_stack_config,
 )
 from stack.demo_world import generate_world, write_world
-from stack.launcher import build_specs
-
-KINDS = [
-    "kill:trainer",
-    "kill:orchestrator",
-    "kill:inference",
-    "kill:retriever",
-    "kill:redis",
-    "refuse_push",
-    "retriever_down",
-    "pause:inference",
-]
-# Named with --kinds: a cluster's faults (issue 32), longer than the default mix's.
-FREEZE_KINDS = [
-    f"freeze:{s}" for s in ("trainer", "orchestrator", "inference", "retriever", "redis")
-]
-LINKS: dict[str, dict[str, Any]] = {  # what each link fault does (the module's docstring)
-    "slow_link": {"delay_s": 0.3, "jitter_s": 0.2},
-    "lossy_link": {"drop": 0.05, "cut": 0.03},
-    "partition": {"stall": "both"},
-    "partition_oneway": {"stall": "down"},  # requests arrive, their answers never come back
-}
-LINK_KINDS = [f"{k}:{s}" for k in LINKS for s in ("inference", "retriever")]
-DISK_KINDS = ["disk_full:checkpoint", "disk_full:redis"]
-# --hosts netns only: partitions at the switch between two hosts (a-b; one-way: a to b dropped).
-CUT_KINDS = [
-    "cut:trainer-redis",  # the lease's holder cut off from Redis: the standby takes over
-    "cut:orchestrator-redis",
-    "cut:orchestrator-inference",
-    "cut:orchestrator-retriever",
-    "cut:inference-trainer",  # an engine cut off from the trainer, mid-broadcast if one runs
-    "cut_oneway:redis-trainer",  # Redis's answers to the holder lost, its requests arrive
-    "cut_oneway:inference-orchestrator",  # the engine's answers lost
-]
-CLUSTER_KINDS = FREEZE_KINDS + LINK_KINDS + DISK_KINDS + CUT_KINDS
-PROXY_KINDS = {"refuse_push", "retriever_down", *LINK_KINDS}  # loopback proxies: not with netns
-OUTAGE_S = 30.0
-DISK_BYTES = 8 * 2**30  # a disk_full tmpfs's cap; memory is used only as it is written
-PUSH_PATH = "/update_weights_from_distributed"
 
 
 @dataclass(frozen=True)
@@ -165,19 +135,6 @@ class ChaosConfig:
     @property
     def steps(self) -> int:
         return self.max_steps or 4 * self.faults + 6
-
-
-@dataclass
-class Fault:
-    kind: str
-    injected_at: float
-    ended_at: float
-    recovered_at: float | None = None
-    refusals_before: int = 0  # refuse_push: the proxy's refusals before this one
-
-    @property
-    def recover_s(self) -> float | None:
-        return None if self.recovered_at is None else self.recovered_at - self.ended_at
 
 
 @dataclass
@@ -274,220 +231,7 @@ def fault_kinds(cfg: ChaosConfig, rng: random.Random) -> list[str]:
     return kinds[: cfg.faults]
 
 
-# -- watching the run ------------------------------------------------------------------------
-
-
-class Monitor(threading.Thread):
-    """Polls the trainer's step lines, the bus stream (published ids) and the trainer lease's
-    holder until stopped."""
-
-    def __init__(self, redis_url: str, stream: str, metrics_jsonl: Path) -> None:
-        super().__init__(daemon=True, name="chaos-monitor")
-        self.client = redis.Redis.from_url(
-            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
-        )
-        self.stream = stream
-        self.jsonl = metrics_jsonl
-        self.published: set[str] = set()
-        self.step_times: list[float] = []  # when each step line appeared (monotonic)
-        self.steps_done = 0  # the highest step number logged
-        self.lease_key = f"{stream}:trainer-lease"  # trainer/wiring.py's key
-        self.holders: list[tuple[float, str | None]] = []  # (Unix time, "host:pid" or None)
-        self.stop_event = threading.Event()
-        self._offset = 0
-        self._last_id = "-"
-
-    def run(self) -> None:
-        while not self.stop_event.wait(0.25):
-            self.poll()
-
-    def poll(self) -> None:
-        with contextlib.suppress(OSError):
-            with self.jsonl.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-            whole = chunk[: chunk.rfind(b"\n") + 1]
-            self._offset += len(whole)
-            for line in whole.splitlines():
-                with contextlib.suppress(ValueError):
-                    self.steps_done = max(self.steps_done, int(json.loads(line)["step"]))
-                    self.step_times.append(time.monotonic())
-        with contextlib.suppress(redis.RedisError):  # Redis down (a fault): read it next time
-            raw = self.client.get(self.lease_key)
-            holder = json.loads(raw) if raw else None
-            who = f"{holder['host']}:{holder['pid']}" if holder else None
-            self.holders.append((time.time(), who))
-            start = "-" if self._last_id == "-" else f"({self._last_id}"
-            for entry_id, fields in self.client.xrange(self.stream, start, "+", count=2000):
-                self._last_id = entry_id.decode()
-                if b"tid" in fields:
-                    self.published.add(fields[b"tid"].decode())
-
-    def typical_step_s(self) -> float:
-        gaps = [b - a for a, b in itertools.pairwise(self.step_times)]
-        if len(gaps) < 5:  # one gap may be a fault's stall
-            return min(gaps, default=2.0)
-        return statistics.median(gaps)
-
-    def step_after(self, t: float) -> bool:
-        return any(s > t for s in self.step_times)
-
-    def holder_pid(self) -> int | None:
-        """The pid of the trainer that held the lease at the last poll."""
-        who = next((w for _, w in reversed(self.holders[-8:]) if w), None)
-        return int(who.rpartition(":")[2]) if who else None
-
-
-class Stack:
-    """Redis and the services under one supervisor on a thread; faults injected from outside."""
-
-    def __init__(
-        self,
-        stack_path: Path,
-        data: dict[str, Any],
-        redis: RedisServer,
-        hosts: HostedStack | None = None,
-    ) -> None:
-        self.cfg = load_config(stack_path)
-        self.redis = redis
-        redis_spec = ServiceSpec(
-            "redis",
-            redis.command(),  # on its host already (RedisServer's prefix)
-            restart=RestartPolicy.ON_FAILURE,
-            max_restarts=data["local"]["max_restarts"],
-        )
-        services = build_specs(self.cfg, stack_path, redis.url)
-        if hosts is not None:
-            services = hosts.place_specs(services)
-        specs = [redis_spec, *services]
-        self.sup = Supervisor(specs, Path(self.cfg.local.log_dir), grace_s=self.cfg.local.grace_s)
-        self.stop_event = threading.Event()
-        self.ready_at: float | None = None
-        self.finished_at: float | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._supervise, daemon=True, name="chaos-stack")
-
-    def _supervise(self) -> None:
-        try:
-            self.sup.start()
-            self.ready_at = time.monotonic()
-            while not self.stop_event.is_set() and self.sup.check():
-                time.sleep(self.sup.poll_s)
-            if not self.stop_event.is_set():
-                self.finished_at = time.monotonic()
-        except BaseException as e:  # reported by the bench, never swallowed
-            self.error = e
-        finally:
-            self.sup.stop()
-
-    @property
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def child(self, name: str) -> Any:
-        return next(c for c in self.sup.children if c.spec.name == name)
-
-    def trainer_holding(self, pid: int | None) -> str:
-        """Which trainer (with a standby, `trainer` or `trainer-b`) runs as `pid`."""
-        held = [c.spec.name for c in self.sup.children if pid is not None and c.pid == pid]
-        return held[0] if held else "trainer"
-
-    def signal(self, name: str, sig: signal.Signals) -> int | None:
-        pid = self.child(name).pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, sig)
-        return pid
-
-    def ready_again(self, name: str, old_pid: int | None) -> bool:
-        child = self.child(name)
-        return child.pid != old_pid and child.status in ("ready", "exited")
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.sup.stop()
-        self.thread.join(60)
-
-
 # -- one run ---------------------------------------------------------------------------------
-
-
-def inject(
-    kind: str,
-    stack: Stack,
-    proxies: dict[str, FaultyProxy],
-    rng: random.Random,
-    freeze_s: tuple[float, float] = (10.0, 90.0),
-    links: dict[str, LinkProxy] | None = None,
-    disks: dict[str, SmallDisk] | None = None,
-    hosts: HostedStack | None = None,
-    trainer: str = "trainer",
-) -> tuple[Fault, str | None, int | None]:
-    """Apply one fault; returns it with the service that must come back (and its old pid).
-    `trainer`: the service a kind's `trainer` names (with a standby: the lease's holder)."""
-    now = time.monotonic()
-    action, _, target = kind.partition(":")
-    if action in ("cut", "cut_oneway") and hosts is not None:
-        a, b = (trainer if end == "trainer" else end for end in target.split("-", 1))
-        hosts.net.cut(a, b, oneway=action == "cut_oneway")
-        try:
-            time.sleep(rng.uniform(*freeze_s))
-        finally:  # a cut must never outlive the fault
-            hosts.net.heal()
-        return Fault(kind, now, time.monotonic()), None, None
-    target = trainer if target == "trainer" else target
-    if action in LINKS and links is not None:
-        seconds = rng.uniform(*freeze_s)
-        links[target].impair(seconds, **LINKS[action])
-        time.sleep(seconds)
-        return Fault(kind, now, time.monotonic()), None, None
-    if action == "disk_full" and disks is not None:
-        disks[target].fill_for(rng.uniform(*freeze_s))
-        return Fault(kind, now, time.monotonic()), None, None
-    if action == "kill":
-        pid = stack.signal(target, signal.SIGKILL)
-        return Fault(kind, now, now), target, pid
-    if action in ("pause", "freeze"):
-        stack.signal(target, signal.SIGSTOP)
-        try:
-            time.sleep(rng.uniform(*((5.0, 20.0) if action == "pause" else freeze_s)))
-        finally:  # a stopped process must never outlive the bench
-            stack.signal(target, signal.SIGCONT)
-        return Fault(kind, now, time.monotonic()), None, None
-    if kind == "retriever_down":
-        proxies["retriever"].outage(OUTAGE_S)
-        return Fault(kind, now, time.monotonic()), None, None
-    if kind == "refuse_push":
-        before = len(proxies["engine"].refused_at)
-        proxies["engine"].refuse_next(PUSH_PATH)
-        return Fault(kind, now, now, refusals_before=before), None, None
-    raise ValueError(f"unknown fault kind {kind!r} (choose from {KINDS + CLUSTER_KINDS})")
-
-
-def wait_recovered(
-    fault: Fault,
-    stack: Stack,
-    monitor: Monitor,
-    service: str | None,
-    old_pid: int | None,
-    proxies: dict[str, FaultyProxy],
-    timeout_s: float,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    refused = proxies["engine"].refused_at if "engine" in proxies else []
-    while time.monotonic() < deadline and not stack.done:
-        if fault.kind == "refuse_push":
-            if len(refused) <= fault.refusals_before:  # no push has met the refusal yet
-                time.sleep(0.2)
-                continue
-            fault.ended_at = refused[fault.refusals_before]
-        back = service is None or stack.ready_again(service, old_pid)
-        if back and monitor.step_after(fault.ended_at):
-            fault.recovered_at = time.monotonic()
-            return
-        time.sleep(0.2)
-    if stack.finished_at is not None and (service is None or stack.ready_again(service, old_pid)):
-        fault.recovered_at = stack.finished_at  # the run completed after it
 
 
 def run_once(

@@ -1,6 +1,6 @@
 """dev.py installs Debian's prometheus (promtool included) when it is missing, as it does
-chromium: with apt, as root; a failed install or no root is a message, and the tests that need
-it skip. `test`, `slow` and `sglang` all ensure it before their tests."""
+chromium and nftables: with apt, as root; a failed install or no root is a message, and the
+tests that need it skip. `test`, `slow` and `sglang` all ensure it before their tests."""
 
 from __future__ import annotations
 
@@ -63,7 +63,19 @@ def test_each_test_command_ensures_it(monkeypatch, dev, command: str) -> None:  
     called: list[str] = []
     monkeypatch.setattr(dev, "ensure_prometheus", lambda: called.append("prometheus"))
     monkeypatch.setattr(dev, "ensure_chromium", lambda: None)
+    monkeypatch.setattr(dev, "ensure_nftables", lambda: called.append("nftables"))
     monkeypatch.setattr(dev, "ensure_sglang_env", lambda: Path(sys.executable))
     monkeypatch.setattr(dev, "_run", lambda cmd, **kw: 0)
     getattr(dev, command)(["-k", "nothing"])
-    assert called == ["prometheus"]
+    # nftables: the network-namespace partitions (harness/netns.py), in test and slow.
+    want = ["prometheus"] if command == "run_sglang_tests" else ["prometheus", "nftables"]
+    assert sorted(called) == sorted(want)
+
+
+def test_nftables_is_installed_with_apt_as_root_without_recommends(monkeypatch, dev) -> None:  # type: ignore[no-untyped-def]
+    ran = fake_system(monkeypatch, dev, have={"apt-get"}, root=True)
+    dev.ensure_nftables()
+    assert ran[1][:2] == ["apt-get", "install"] and ran[1][-2:] == [
+        "--no-install-recommends",
+        "nftables",
+    ]
