@@ -257,7 +257,7 @@ def run_once(
     proxies: dict[str, FaultyProxy] = {}
     links: dict[str, LinkProxy] = {}
     if hosts is not None:
-        hosts.place_config(data)
+        hosts.place_config(data, redis_server.port)
         stack_path = run_dir / "stack-hosts.yaml"
     else:
         engine_url = data["orchestrator"]["engine_url"]

@@ -40,9 +40,12 @@ class HostedStack:
     def down(self) -> None:
         self.net.down()
 
-    def place_config(self, data: dict[str, Any]) -> None:
-        """Point every listener and URL of the run's config at its service's host."""
+    def place_config(self, data: dict[str, Any], redis_port: int) -> None:
+        """Point every listener and URL of the run's config at its service's host. Redis's
+        password stays out of the file: the services get the URL from env only
+        (`SEARCHR1_REDIS__URL`, set by the launcher's specs)."""
         addr = self.net.address
+        data["redis"] = {"url": f"redis://{addr('redis')}:{redis_port}/0"}
         for name in ("retriever", "inference", "orchestrator", "trainer"):
             data[name].setdefault("http", {})["host"] = addr(name)
         engine = f"http://{addr('inference')}:{data['inference']['http']['port']}"
