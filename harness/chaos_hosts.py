@@ -56,9 +56,6 @@ class HostedStack:
         data["trainer"]["weight_push"]["engine_urls"] = [engine]
         data["trainer"]["weight_push"]["master_addr"] = addr("trainer")
 
-    def redis_url(self, port: int) -> str:
-        return f"redis://:{self.redis_password}@{self.net.address('redis')}:{port}/0"
-
     def redis_server_args(self) -> dict[str, Any]:
         """RedisServer's arguments for Redis on its host (`--bind` its address, a password)."""
         return {

@@ -25,6 +25,7 @@ from searchr1.redis_server import RedisServer
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from stack.config import load_config
 from stack.launcher import build_specs
+from trainer.wiring import trainer_lease_key
 
 
 class Monitor(threading.Thread):
@@ -41,7 +42,7 @@ class Monitor(threading.Thread):
         self.published: set[str] = set()
         self.step_times: list[float] = []  # when each step line appeared (monotonic)
         self.steps_done = 0  # the highest step number logged
-        self.lease_key = f"{stream}:trainer-lease"  # trainer/wiring.py's key
+        self.lease_key = trainer_lease_key(stream)
         self.holders: list[tuple[float, str | None]] = []  # (Unix time, "host:pid" or None)
         self.stop_event = threading.Event()
         self._offset = 0

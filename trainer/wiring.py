@@ -65,6 +65,11 @@ def load_backend(section: TrainerConfig, info: DistInfo) -> TrainerBackend:
     return backend_loader(section.backend)(section, info)
 
 
+def trainer_lease_key(stream: str) -> str:
+    """The run's trainer lease: one per bus stream (the chaos bench polls its holder)."""
+    return f"{stream}:trainer-lease"
+
+
 def make_bus(url: str, cfg: BusConfig) -> TrajectoryBus:
     # One trainer per stream (its lease), so one stable consumer name: a restarted trainer (new
     # pid, new pod) reads back the entries its dead predecessor held at once, instead of after
@@ -177,7 +182,7 @@ async def _run_lease(
     One trainer per run: a second one would train the same entries, or ack what it did not
     checkpoint. A restarted trainer waits for its dead predecessor's lease to expire."""
     ttl_s = loop.cfg.lease_ttl_s
-    lease = RedisLease(bus.redis, f"{bus.stream}:trainer-lease", ttl_s=ttl_s)
+    lease = RedisLease(bus.redis, trainer_lease_key(bus.stream), ttl_s=ttl_s)
     wait_s = loop.cfg.lease_wait_s
     await lease.acquire(wait_s=ttl_s * 1.5 if wait_s is None else wait_s)
     # Acks are fenced by the lease token: Redis refuses them once the lease is another's.

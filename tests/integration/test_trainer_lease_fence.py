@@ -27,6 +27,7 @@ from trainer.config import BatchConfig, CheckpointConfig, TrainerConfig
 from trainer.dist import DistInfo
 from trainer.loop import TrainingLoop
 from trainer.weights import PushResult
+from trainer.wiring import trainer_lease_key
 
 CPU = DistInfo(0, 1, 0, torch.device("cpu"))
 TTL_S = 1.0
@@ -74,7 +75,7 @@ async def test_a_trainer_frozen_past_its_lease_neither_pushes_nor_checkpoints(
     run = RunConfig(groups_per_step=1, group_size=4, max_steps=2)
     backend = HFBackend(tiny_qwen2(), cfg, CPU)
     loop = TrainingLoop(cfg, backend, CPU, run=run, bus=bus, pusher=pusher)
-    lease = RedisLease(bus.redis, f"{bus.stream}:trainer-lease", ttl_s=TTL_S)
+    lease = RedisLease(bus.redis, trainer_lease_key(bus.stream), ttl_s=TTL_S)
     await lease.acquire()
     bus.fence_with(lease.key, lease.token)
 

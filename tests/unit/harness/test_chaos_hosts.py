@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from harness.chaos_hosts import STANDBY, HostedStack
+from searchr1.redis_server import RedisServer
 from searchr1.service import ADMIN_TOKEN_ENV
 from searchr1.supervisor import ServiceSpec
 
@@ -38,7 +39,8 @@ def test_every_listener_and_url_points_at_its_host_and_no_secret_is_in_the_file(
     }
     assert data["redis"]["url"] == f"redis://{addr('redis')}:6390/0"
     assert hosted.redis_password not in str(data) and hosted.token not in str(data)
-    assert hosted.redis_password in hosted.redis_url(6390)
+    url = RedisServer(port=6390, **hosted.redis_server_args()).url  # what the services get
+    assert url == f"redis://:{hosted.redis_password}@{addr('redis')}:6390/0"
 
 
 def test_each_service_runs_on_its_host_and_a_standby_trainer_waits_on_another() -> None:
