@@ -1,4 +1,4 @@
-"""The training loop: bus -> groups -> step -> checkpoint -> ack -> weight push.
+"""The training loop: bus -> groups -> step -> weight push -> checkpoint -> step line -> ack.
 
 Exactly-once training across crashes: the receipts of every trajectory trained since the last
 checkpoint are kept; they are stored in the next checkpoint and acknowledged on the bus only
@@ -301,12 +301,14 @@ class TrainingLoop:
                     metrics["offload/bytes"] = float(offloaded)
                 # Every rank must agree: the checkpoint is collective.
                 stopping = broadcast_object(self.stop_event.is_set() or self._done(), self.info)
+                saved = False
                 if self.ckpt is None:
                     await self._ack()  # nothing is durable beyond the bus itself
                 elif step % self.cfg.checkpoint.every_steps == 0 or stopping:
-                    seconds = await self._checkpoint(final=stopping)
+                    seconds = await self._save(final=stopping)
                     if seconds is not None:
                         metrics["time/checkpoint_s"] = seconds
+                        saved = True
                 step_s = time.perf_counter() - t0
                 metrics["time/step_s"] = step_s
                 metrics["throughput/tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(
@@ -314,10 +316,14 @@ class TrainingLoop:
                 )
                 metrics["weight_version"] = float(self.status.weight_version)
                 self._report(step, metrics, trajs)
+                if saved:
+                    # The line first: a trainer whose ack is refused (its lease taken over,
+                    # Redis cut off) has still logged the step its checkpoint holds.
+                    await self._ack()
             # Stopped while waiting for data: make the steps since the last checkpoint durable.
             pending = self.ckpt is not None and self.status.step > self._checkpointed_step
-            if broadcast_object(pending, self.info):
-                await self._checkpoint(final=True)
+            if broadcast_object(pending, self.info) and await self._save(final=True) is not None:
+                await self._ack()
             ended = broadcast_object(self._ended, self.info)
             if ended is not None and not self._done():
                 raise DataEnded(
@@ -440,11 +446,12 @@ class TrainingLoop:
         self.status.weight_version = res.weight_version
         return {**out, "time/weight_push_s": res.seconds, "weight_push/bytes": float(res.bytes)}
 
-    async def _checkpoint(self, *, final: bool = False) -> float | None:
-        """Save and then ack. A full disk is counted and logged once, and training goes on
-        (the steps since the last good checkpoint stay unacked and go into the next one);
-        the `final` save of a stopping run raises it instead: the restart resumes from the
-        last good checkpoint. Returns the seconds taken, None when nothing was saved."""
+    async def _save(self, *, final: bool = False) -> float | None:
+        """Save a checkpoint; the caller acks its receipts once it is durable. A full disk is
+        counted and logged once, and training goes on (the steps since the last good
+        checkpoint stay unacked and go into the next one); the `final` save of a stopping run
+        raises it instead: the restart resumes from the last good checkpoint. Returns the
+        seconds taken, None when nothing was saved."""
         assert self.ckpt is not None
         self._holds_lease()  # the volume may be shared with the trainer that took over
         start = time.perf_counter()
@@ -477,7 +484,6 @@ class TrainingLoop:
             from pathlib import Path
 
             await asyncio.to_thread(self.backend.export_hf, Path(self.cfg.checkpoint.export_dir))
-        await self._ack()
         return seconds
 
     async def _ack(self) -> None:

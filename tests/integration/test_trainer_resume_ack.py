@@ -4,6 +4,8 @@ loop on a tiny model)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -67,3 +69,34 @@ async def test_resume_reacks_checkpoint_receipts(redis_server: RedisServer, tmp_
     assert len(trained) == 2 and all(not (s & first) for s in trained)
     assert await bus2.backlog() == 0 and await bus2.pending_count() == 0
     await bus2.close()
+
+
+async def test_a_step_cut_off_at_its_ack_is_still_in_the_metrics_file(
+    redis_server: RedisServer, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The step's line is written once its checkpoint is durable, before the ack: a trainer
+    whose ack fails (its lease lost, Redis cut off, killed) leaves the step it saved logged,
+    so the chaos ledger counts those trajectories trained, not `unlogged`."""
+    trajs = make_batch(1, 4)
+    for t in trajs:
+        t.group_size = 4
+    metrics = tmp_path / "metrics.jsonl"
+    cfg = TrainerConfig(
+        batch=BatchConfig(consume_block_s=0.1),
+        checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=1),
+        metrics_jsonl=str(metrics),
+    )
+    loop, bus = make(cfg, redis_server.url, max_steps=1)
+    await bus.publish(trajs)
+
+    async def fenced() -> None:
+        raise Crash  # the ack is refused: another trainer holds the lease now
+
+    loop._ack = fenced  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await loop.run()
+    await bus.close()
+    assert loop.ckpt is not None and loop.ckpt.latest() is not None
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1]
+    assert sorted(lines[0]["trajectory_ids"]) == sorted(t.trajectory_id for t in trajs)
