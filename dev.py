@@ -10,6 +10,8 @@
     python3 dev.py gpu [ARGS]       # on a GPU machine: every GPU check in one call, one results
                                     # file (bench/gpu_checks.py; see docs/benchmarks.md)
     python3 dev.py gpu-wheels       # here: fetch the wheels `dev.py gpu` installs there (.whl/)
+    python3 dev.py prepare          # .venv-sglang and the compose images only (CI starts it
+                                    # beside `test`)
     python3 dev.py setup            # only create/update the environment
     python3 dev.py lock [UV ARGS]   # refresh requirements.lock (uv pip compile; e.g. --upgrade)
 
@@ -22,6 +24,7 @@ holds their hash), so repeated runs start at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -328,10 +332,27 @@ def ensure_debian(
     install = ["apt-get", "install", "-y", "-qq", package]
     if not recommends:
         install.insert(-1, "--no-install-recommends")
-    for cmd in (["apt-get", "update", "-qq"], install):
-        if _run(cmd, env=env) != 0:
-            print(f"dev.py: installing {package} failed; {used_by} will skip", flush=True)
+    with apt_lock():
+        if all(shutil.which(b) for b in binaries):  # installed while this waited
             return
+        for cmd in (["apt-get", "update", "-qq"], install):
+            if _run(cmd, env=env) != 0:
+                print(f"dev.py: installing {package} failed; {used_by} will skip", flush=True)
+                return
+
+
+# CI's `dev.py prepare` installs Docker while `dev.py test` installs chromium: apt's own locks
+# fail at once instead of waiting, so both take this one first (docker/compose_run.py too).
+APT_LOCK = Path(tempfile.gettempdir()) / "searchr1-apt.lock"
+
+
+@contextlib.contextmanager
+def apt_lock() -> Iterator[None]:
+    import fcntl  # POSIX only, like apt
+
+    with open(APT_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def ensure_chromium() -> None:
@@ -366,8 +387,22 @@ def run_tests(args: list[str]) -> int:
         rc = _run(cmd, cwd=ROOT, env=env)
         if rc != 0:
             return rc
-    rc = _run([py, "-m", "pytest", *args], cwd=ROOT, env=env)
+    rc = _run([py, "-m", "pytest", *_workers(args), *args], cwd=ROOT, env=env)
     return 0 if rc == 5 and args else rc  # 5 = a filtered selection collected nothing
+
+
+# Most of the suite waits on service processes (imports, start-up, polls): one pytest process
+# keeps a 2-core machine about half idle. Two workers (pytest-xdist), each a whole file at a
+# time, so a module's fixtures (a world, a warm start) are built once.
+TEST_WORKERS = os.environ.get("SEARCHR1_TEST_WORKERS", "2")
+
+
+def _workers(args: list[str]) -> list[str]:
+    """xdist's options for the default run; none when ARGS choose (`-n 0`, `-p no:xdist`)."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    if chosen or TEST_WORKERS in ("", "0", "1"):
+        return []
+    return ["-n", TEST_WORKERS, "--dist", "loadfile"]
 
 
 def run_slow_tests(args: list[str]) -> int:
@@ -404,6 +439,15 @@ def run_demo(args: list[str]) -> int:
     if "sglang" in args and ("--engine" in args or "--engine=sglang" in args):
         env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())
     return _run([_bin("searchr1"), "demo", *args], cwd=ROOT, env=env)
+
+
+def prepare_later_phases() -> int:
+    """What CI's sglang and compose phases install and build (`.venv-sglang`; Docker, the base
+    images and the compose images): `.ci/run` starts this beside `dev.py test`, whose service
+    processes leave a core idle, and those phases then find it done. Without it they do the
+    same work themselves."""
+    ensure_sglang_env()
+    return run_compose(["--no-run"])
 
 
 def run_compose(args: list[str]) -> int:
@@ -475,7 +519,8 @@ def run_gpu_checks(args: list[str]) -> int:
 
 
 def main() -> int:
-    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "lock", "gpu", "gpu-wheels"}
+    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "prepare", "lock"}
+    commands |= {"gpu", "gpu-wheels"}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
@@ -486,6 +531,8 @@ def main() -> int:
         return run_gpu_checks(rest)
     if command == "gpu-wheels":
         return fetch_gpu_wheels()
+    if command == "prepare":  # neither needs .venv, which `dev.py test` may be installing
+        return prepare_later_phases()
     ensure_env()
     if command == "test":
         return run_tests(rest)

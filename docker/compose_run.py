@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
+import fcntl
 import functools
 import http.server
 import json
@@ -94,9 +95,12 @@ def engine_answers() -> bool:
 def apt_install(*packages: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-    if quiet(cmd, timeout=900).returncode != 0:  # stale package lists: update once, retry
-        run(["apt-get", "update"], "apt-get update", env=env)
-        run(cmd, f"installing {' '.join(packages)}", env=env)
+    # dev.py's lock (its APT_LOCK): CI builds here while `dev.py test` installs with apt.
+    with open(Path(tempfile.gettempdir()) / "searchr1-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if quiet(cmd, timeout=900).returncode != 0:  # stale package lists: update once, retry
+            run(["apt-get", "update"], "apt-get update", env=env)
+            run(cmd, f"installing {' '.join(packages)}", env=env)
 
 
 def ensure_engine() -> None:
