@@ -412,7 +412,8 @@ def run_slow_tests(args: list[str]) -> int:
     ensure_prometheus()
     ensure_nftables()
     env = _env()
-    cmd = [str(_bin("python")), "-m", "pytest", "-m", "slow and not sglang", *args]
+    cmd = [str(_bin("python")), "-m", "pytest", "-m", "slow and not sglang", *_workers(args)]
+    cmd += args
     rc = _run(cmd, cwd=ROOT, env=env)
     if rc == 5:
         print("dev.py slow: no slow test was collected", file=sys.stderr)
