@@ -189,10 +189,10 @@ class MicroBatcher:
                     self._in_flight += 1
             self._handoffs[i].put((batch, value, err))
         else:
-            self._deliver(batch, value, err)
-            if i > 0:
+            if i > 0:  # before the answer: a client's next lone query must find it idle
                 with self._lock:
                     self._in_flight -= 1
+            self._deliver(batch, value, err)
 
     def _next_retry(self) -> _Work | None:
         with self._lock:

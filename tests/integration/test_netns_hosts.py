@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +70,42 @@ def test_hosts_reach_each_other_on_their_own_addresses_and_not_on_loopback(net) 
         assert c.recv(4) == b"x\n"
 
 
+BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
+@pytest.fixture
+def host_firewall_drops_forwarding():
+    """What dockerd does to this machine: br_netfilter on (bridged packets meet the IP
+    firewall) and the forward hook's policy drop, here as a table of the test's own."""
+    if shutil.which("modprobe"):
+        subprocess.run(["modprobe", "br_netfilter"], capture_output=True)
+    if not BRIDGE_NF.exists():
+        pytest.skip("no br_netfilter here: bridged packets never meet the IP firewall")
+    was = BRIDGE_NF.read_text()
+    BRIDGE_NF.write_text("1\n")
+    table = "sr1_test_fw"
+    subprocess.run(["nft", "add", "table", "ip", table], check=True)
+    subprocess.run(
+        ["nft", "add", "chain", "ip", table, "forward",
+         "{ type filter hook forward priority 0; policy drop; }"],
+        check=True,
+    )  # fmt: skip
+    yield
+    subprocess.run(["nft", "delete", "table", "ip", table], check=True)
+    BRIDGE_NF.write_text(was)
+
+
+def test_a_host_firewall_that_drops_forwarding_does_not_part_the_hosts(
+    host_firewall_drops_forwarding, net
+) -> None:
+    """The switch lives in a namespace of its own: a firewall on this machine (Docker's) is
+    not on the hosts' path, which before silenced every host once dockerd ran (CI)."""
+    assert _from(net, "a", PING, net.address("b"), "2") == "hi"
+    with socket.create_connection((net.address("b"), 7070), timeout=2) as c:
+        c.sendall(b"x\n")
+        assert c.recv(4) == b"x\n"
+
+
 def test_a_cut_is_silence_both_ways_until_healed(net) -> None:
     open_conn = socket.create_connection((net.address("b"), 7070), timeout=2)
     net.cut("a", "b")
@@ -125,11 +163,11 @@ c.settimeout(10); print(c.recv(8).decode().strip(), flush=True)
 
 def test_down_removes_every_namespace_and_the_bridge() -> None:
     network = HostNetwork(["x", "y"]).up()
-    names = [h.netns for h in network.hosts.values()]
+    names = [h.netns for h in network.hosts.values()] + [network.switch]
     network.cut("x", "y")
     network.down()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
     links = subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
-    assert network.bridge not in links
+    assert network.uplink not in links and network.tag not in links
     network.down()  # twice is harmless

@@ -297,3 +297,26 @@ async def test_a_failing_inline_search_reaches_its_request_and_the_next_one_is_s
         assert await b.submit(["ok"], 1) == Pipeline.hits(["ok"], 1)
     finally:
         b.close()
+
+
+async def test_a_lone_query_right_after_an_answer_finds_the_pipeline_idle():
+    """The last stage counts its batch out before answering: a client that sends its next
+    query at once (concurrency 1) finds nothing in flight even if the search thread is
+    preempted right after the answer (a busy machine; CI once failed the test above so)."""
+    p = Pipeline()
+    b = p.batcher(max_queries=1, max_batch=1)
+    answer = b._deliver
+
+    def preempted_after_answering(*args):  # type: ignore[no-untyped-def]
+        answer(*args)
+        time.sleep(0.3)
+
+    b._deliver = preempted_after_answering  # type: ignore[method-assign]
+    try:
+        p.gate.set()
+        first = await b.submit(["a", "b"], 1)  # two queries: not inline, through the stages
+        lone = await b.submit(["c"], 1)
+    finally:
+        b.close()
+    assert first == Pipeline.hits(["a", "b"], 1) and lone == Pipeline.hits(["c"], 1)
+    assert p.inline == [["c"]]
