@@ -82,6 +82,14 @@ class DenseConfig(Section):
     hnsw_ef_search: int = Field(default=256, ge=1)
     ivf_nprobe: int = Field(default=32, ge=1)
     torch_threads: int = Field(default=1, ge=1, description="Intra-op threads for encode/search.")
+    # The child encodes what queued up while it was busy: batches big enough for intra-op
+    # threads to pay, where the serving process's own paths (a lone query, the search) may not.
+    encoder_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads of the encoder child process (encoder_process on); "
+        "None: torch_threads.",
+    )
 
 
 class SerperConfig(Section):

@@ -166,7 +166,7 @@ class EncoderProcess:
             self.close()
             raise RuntimeError(f"encoder process failed to start: {payload}")
         self.spec = spec
-        self.dim, self.device = payload
+        self.dim, self.device, self.threads = payload
         self.pid = self._proc.pid
 
     def encode(
@@ -217,7 +217,7 @@ def _encoder_main(spec: EncoderSpec, device: str, torch_threads: int, conn: Any)
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ready", (enc.dim, enc.device)))
+    conn.send(("ready", (enc.dim, enc.device, torch.get_num_threads())))
     while True:
         try:
             req = conn.recv()

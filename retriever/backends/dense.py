@@ -176,7 +176,8 @@ class DenseBackend:
         if in_child == "auto":
             in_child = resolve_device(cfg.device) == "cpu"
         if in_child:
-            encoder = EncoderProcess(spec, device=cfg.device, torch_threads=cfg.torch_threads)
+            threads = cfg.encoder_threads or cfg.torch_threads
+            encoder = EncoderProcess(spec, device=cfg.device, torch_threads=threads)
             if cfg.inline_max_queries > 0:
                 inline_encoder = Encoder(spec, device=cfg.device)
         else:

@@ -89,3 +89,16 @@ def test_cpu_encoder_runs_in_a_child_process_by_default(corpus, tmp_path):
         finally:
             backend.close()
     assert [h[0]["id"] for h in results["auto"][0]] == [h[0]["id"] for h in results[False][0]]
+
+
+def test_the_child_encoder_takes_its_own_thread_count(corpus, tmp_path):
+    """`dense.encoder_threads` sizes the child's intra-op pool (it encodes whole queued
+    batches); unset, it follows `torch_threads` like the in-process paths."""
+    build_index(corpus, tmp_path / "idx", BuildConfig(progress=False))
+    for dense, want in (({}, 1), ({"torch_threads": 2}, 2), ({"encoder_threads": 2}, 2)):
+        cfg = RetrieverConfig.model_validate({"dense": {"encoder_process": True, **dense}})
+        backend = load_index_backend(tmp_path / "idx", cfg)
+        try:
+            assert backend.encoder.threads == want
+        finally:
+            backend.close()
