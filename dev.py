@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,26 +333,42 @@ def ensure_debian(
     install = ["apt-get", "install", "-y", "-qq", package]
     if not recommends:
         install.insert(-1, "--no-install-recommends")
-    with apt_lock():
-        if all(shutil.which(b) for b in binaries):  # installed while this waited
-            return
-        for cmd in (["apt-get", "update", "-qq"], install):
-            if _run(cmd, env=env) != 0:
-                print(f"dev.py: installing {package} failed; {used_by} will skip", flush=True)
+    try:
+        with apt_lock():
+            if all(shutil.which(b) for b in binaries):  # installed while this waited
                 return
+            for cmd in (["apt-get", "update", "-qq"], install):
+                if _run(cmd, env=env) != 0:
+                    print(f"dev.py: installing {package} failed; {used_by} will skip", flush=True)
+                    return
+    except TimeoutError as e:
+        print(f"dev.py: {e}; {used_by} will skip", flush=True)
 
 
 # CI's `dev.py prepare` installs Docker while `dev.py test` installs chromium: apt's own locks
-# fail at once instead of waiting, so both take this one first (docker/compose_run.py too).
+# fail at once instead of waiting, so both take this one first (docker/compose_run.py's
+# apt_install takes the same file, with the same deadline).
 APT_LOCK = Path(tempfile.gettempdir()) / "searchr1-apt.lock"
+APT_LOCK_WAIT_S = 1200.0
 
 
 @contextlib.contextmanager
 def apt_lock() -> Iterator[None]:
+    """Held while apt runs; TimeoutError after APT_LOCK_WAIT_S of waiting for it."""
     import fcntl  # POSIX only, like apt
 
+    deadline = time.monotonic() + APT_LOCK_WAIT_S
     with open(APT_LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another install held {APT_LOCK} for {APT_LOCK_WAIT_S:.0f} s"
+                    ) from None
+                time.sleep(1)
         yield
 
 
@@ -520,8 +537,10 @@ def run_gpu_checks(args: list[str]) -> int:
 
 
 def main() -> int:
-    commands = {"demo", "test", "slow", "sglang", "setup", "compose", "prepare", "lock"}
-    commands |= {"gpu", "gpu-wheels"}
+    commands = {
+        "demo", "test", "slow", "sglang", "setup", "compose", "prepare", "lock", "gpu",
+        "gpu-wheels",
+    }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2

@@ -95,9 +95,17 @@ def engine_answers() -> bool:
 def apt_install(*packages: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-    # dev.py's lock (its APT_LOCK): CI builds here while `dev.py test` installs with apt.
-    with open(Path(tempfile.gettempdir()) / "searchr1-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # dev.py's APT_LOCK, with its deadline: CI builds here while `dev.py test` installs with apt.
+    path, deadline = Path(tempfile.gettempdir()) / "searchr1-apt.lock", time.monotonic() + 1200
+    with open(path, "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StepFailed(f"another install held {path} for 1200 s") from None
+                time.sleep(1)
         if quiet(cmd, timeout=900).returncode != 0:  # stale package lists: update once, retry
             run(["apt-get", "update"], "apt-get update", env=env)
             run(cmd, f"installing {' '.join(packages)}", env=env)

@@ -94,8 +94,8 @@ class HostNetwork:
             _run(*sw, "link", "set", self.bridge, "up")
             ports = [(self.uplink, None)]
             ports += [(f"sr1p{self.tag}{i}", h) for i, h in enumerate(self.hosts.values())]
+            port = f"sr1s{self.tag}"  # each pair's switch end, renamed once it is there
             for end, host in ports:  # a veth pair: `end` stays here, its peer joins the switch
-                port = f"sr1s{self.tag}"
                 _run("ip", "link", "add", end, "type", "veth", "peer", "name", port)
                 _run("ip", "link", "set", port, "netns", self.switch)
                 _run(*sw, "link", "set", port, "name", end)  # unique there, like its peer here

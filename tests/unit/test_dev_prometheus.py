@@ -79,3 +79,21 @@ def test_nftables_is_installed_with_apt_as_root_without_recommends(monkeypatch, 
         "--no-install-recommends",
         "nftables",
     ]
+
+
+def test_an_install_waits_for_the_apt_lock_until_its_deadline(
+    monkeypatch, dev, capsys, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """CI's `prepare` (Docker) and the tests' installs take turns at apt; a lock held past
+    the deadline is a message, never a wait without end."""
+    import fcntl
+
+    monkeypatch.setattr(dev, "APT_LOCK", tmp_path / "apt.lock")
+    monkeypatch.setattr(dev, "APT_LOCK_WAIT_S", 0.5)
+    ran = fake_system(monkeypatch, dev, have={"apt-get"}, root=True)
+    with open(tmp_path / "apt.lock", "w") as held:  # another install holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        dev.ensure_prometheus()
+    assert ran == [] and "held" in capsys.readouterr().out
+    dev.ensure_prometheus()  # released: installed
+    assert ran[-1][:2] == ["apt-get", "install"]
