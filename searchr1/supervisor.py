@@ -4,10 +4,10 @@ Each child runs in its own session (process group), so stopping it also stops an
 spawned: no orphans. Children start in order; each must pass its readiness probe (`/ready`
 answering 200) before the next starts. While running, a child that exits is reported by name
 with its exit status and the last lines of its log, then restarted or the whole stack stopped,
-by its policy. Restarts back off as docker's do: 0.1 s, doubled for each death that comes
-quickly (a crash loop, e.g. Redis on a full disk, must not use up `max_restarts` in a second),
-back to 0.1 s after a child ran 10 s. Stopping is SIGTERM to every group (in reverse start
-order), then SIGKILL after a grace period.
+by its policy (never restarted: one that exits EXIT_NO_RESTART). Restarts back off as docker's
+do: 0.1 s, doubled for each death that comes quickly (a crash loop, e.g. Redis on a full disk,
+must not use up `max_restarts` in a second), back to 0.1 s after a child ran 10 s. Stopping is
+SIGTERM to every group (in reverse start order), then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_S = 0.1  # the first restart's delay; doubled for each quick death
 RESTART_DELAY_MAX_S = 10.0
 RAN_LONG_S = 10.0  # a child that ran this long before dying starts again from the first delay
+# A child's way to say that a restart cannot help (the trainer's data ran out: restarted, it
+# reads the same end of the bus): never restarted, whatever its policy. Docker's restart
+# policies cannot tell exit statuses apart, and torchrun reports any failed worker as 1.
+EXIT_NO_RESTART = 3
 
 
 class RestartPolicy(StrEnum):
@@ -195,7 +199,9 @@ class Supervisor:
             reason = f"exited with status {code}" + (
                 f" (signal {signal.Signals(-code).name})" if code < 0 else ""
             )
-            if spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
+            if code == EXIT_NO_RESTART:
+                reason += " (a restart cannot help: not restarted)"
+            elif spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
                 quick = time.monotonic() - child.started_at < RAN_LONG_S
                 delay = child.restart_delay_s * 2 if quick and child.restart_delay_s else 0.0
                 child.restart_delay_s = min(max(delay, RESTART_DELAY_S), RESTART_DELAY_MAX_S)

@@ -27,12 +27,13 @@ from searchr1.lease import LeaseHeld, RedisLease
 from searchr1.sections import BusConfig
 from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 from searchr1.settings import ConfigError
+from searchr1.supervisor import EXIT_NO_RESTART
 from trainer.backend import TrainerBackend
 from trainer.backends.registry import BACKENDS
 from trainer.checkpoint import CheckpointManager
 from trainer.config import CheckpointConfig, TrainerConfig, TrainerSettings
 from trainer.dist import DistInfo, init_distributed
-from trainer.loop import TrainingLoop
+from trainer.loop import DataEnded, TrainingLoop
 from trainer.server import create_app
 from trainer.weights import WeightPusher
 
@@ -105,7 +106,10 @@ async def run_trainer(cfg: TrainerSettings, *, resume: bool) -> int:
     if bus is None:  # ranks > 0
         if resume:
             await loop.resume()
-        await loop.run()
+        try:
+            await loop.run()
+        except DataEnded:  # rank 0 tells why
+            return EXIT_NO_RESTART
         return 0
     http = cfg.trainer.http
     rank0 = _Rank0(uvicorn_server(create_app(loop, bus), http))
@@ -157,8 +161,12 @@ class _Rank0:
         self.exit_code = 0
 
     def loop_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("training loop failed", exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, DataEnded):  # what it trained is saved; a restart cannot help
+            log.error("training stopped: the data ran out", extra={"error": str(error)})
+            self.exit_code = EXIT_NO_RESTART
+        elif error is not None:
+            log.error("training loop failed", exc_info=error)
             self.exit_code = 1
         self.server.should_exit = True  # the loop is the process's purpose: stop serving with it
 

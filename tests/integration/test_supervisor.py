@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from searchr1.redis_server import free_port
-from searchr1.supervisor import ChildFailed, RestartPolicy, ServiceSpec, Supervisor
+from searchr1.supervisor import (
+    EXIT_NO_RESTART,
+    ChildFailed,
+    RestartPolicy,
+    ServiceSpec,
+    Supervisor,
+)
 
 PY = sys.executable
 ENV = {"PYTHONPATH": os.getcwd()}
@@ -93,6 +99,24 @@ def test_on_failure_restarts_up_to_the_limit(tmp_path: Path) -> None:
     with pytest.raises(ChildFailed, match="flaky exited with status 1"):
         sup.run()
     assert sup.children[0].restarts == 2
+
+
+def test_a_child_that_says_a_restart_cannot_help_is_not_restarted(tmp_path: Path) -> None:
+    """The trainer whose data ran out exits EXIT_NO_RESTART: restarted, it would read the same
+    end of the bus and exit again, a crash loop that ends only at max_restarts."""
+    done_for = ServiceSpec(
+        name="trainer",
+        command=[PY, "-c", "print('no more data after step 1');"
+                 f" raise SystemExit({EXIT_NO_RESTART})"],
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=3,
+    )  # fmt: skip
+    sup = Supervisor([done_for], tmp_path, poll_s=0.05)
+    sup.start()
+    with pytest.raises(ChildFailed, match="a restart cannot help") as info:
+        sup.run()
+    assert sup.children[0].restarts == 0
+    assert "no more data after step 1" in str(info.value)
 
 
 def test_a_crash_loop_backs_off_instead_of_burning_its_restarts(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.bus import TrajectoryBus
 from searchr1.redis_server import RedisServer, free_port
 from searchr1.sections import BusConfig
+from searchr1.supervisor import EXIT_NO_RESTART
 
 GROUP = 4
 CONSUMER = "trainer-test"
@@ -243,8 +244,9 @@ def test_a_trainer_waiting_for_data_stops_when_the_producer_has_ended(
     tmp_path: Path, redis_url: str, tiny_model_dir: Path
 ) -> None:
     """The orchestrator's data ran out (a group filter rejected too much): the trainer used to
-    wait for groups that never come; it now exits 1 with the producer's reason, after
-    checkpointing what it trained."""
+    wait for groups that never come; it now exits with the producer's reason, after
+    checkpointing what it trained, and with EXIT_NO_RESTART: a supervisor restarting it on
+    failure would only see the same end again (a crash loop under `restart: on-failure`)."""
     publish(redis_url, trajectories(range(1)))
     trainer = Trainer(tmp_path, redis_url, tiny_model_dir, every=5)
     trainer.start()
@@ -259,6 +261,6 @@ def test_a_trainer_waiting_for_data_stops_when_the_producer_has_ended(
 
     asyncio.run(end())
     assert trainer.proc is not None
-    assert trainer.proc.wait(60) == 1, trainer.log_tail()
+    assert trainer.proc.wait(60) == EXIT_NO_RESTART, trainer.log_tail()
     assert "data ran out after 1 of 3 groups" in trainer.log_tail()
     assert (trainer.ckpt / "latest").read_text() == "step_00000001"  # step 1 kept
