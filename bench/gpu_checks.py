@@ -75,6 +75,13 @@ def checks(smoke: bool, out: Path) -> list[Check]:
             "where the step's time goes: operators by GPU time, logprob pass and training pass",
         ),
         Check(
+            "trainer_step_forward_old",
+            [*step, "--repeats", "1", "--old-logprobs", "forward"],
+            200,
+            "the step with the old logprobs from the training forward (one forward-only pass "
+            "less; loss.old_logprobs: forward)",
+        ),
+        Check(
             "logprobs_memory",
             [*py, "bench/logprobs.py", *(small if smoke else []), "--device", dev[1]],
             90,

@@ -5,6 +5,7 @@
                                  [--kl-coef 0.001] [--recompute none|attention|full]
                                  [--logprob-chunk 1024] [--profile DIR]
                                  [--attention varlen|per-sequence]
+                                 [--old-logprobs recompute|forward]
 
 Random weights in the shape's Hugging Face config (Qwen2.5-3B: 36 layers, hidden 2048, GQA
 16/2, vocabulary 151,936, tied embeddings), a rollout batch of `--samples` Search-R1-shaped
@@ -105,7 +106,11 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
             "logprob_chunk_tokens": args.logprob_chunk,
         },
         optim={"lr": 1e-6, "betas": (0.9, 0.98), "weight_decay": 0.01, "grad_clip": 1.0},
-        loss={"kl_coef": args.kl_coef, "aggregation": "sample_mean"},
+        loss={
+            "kl_coef": args.kl_coef,
+            "aggregation": "sample_mean",
+            "old_logprobs": args.old_logprobs,
+        },
         tis={"mode": "token", "cap": 2.0},
         batch={"max_tokens_per_microbatch": args.budget},
     )
@@ -134,7 +139,9 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    forwards_only = 1 + (args.kl_coef > 0)  # old logprobs (recomputed), the reference
+    # The forward-only passes the step needs: old logprobs (unless the training forward's
+    # own are used, `--old-logprobs forward`) and the reference.
+    forwards_only = (args.old_logprobs == "recompute") + (args.kl_coef > 0)
     metrics: list[dict[str, float]] = []
     seconds: list[float] = []
     flops: list[float] = []
@@ -225,6 +232,12 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak")
     ap.add_argument("--profile", default="", help="a folder: profile each backend's passes")
     ap.add_argument(
+        "--old-logprobs",
+        default="recompute",
+        choices=["recompute", "forward"],
+        help="loss.old_logprobs: forward takes them from the training forward (one pass less)",
+    )
+    ap.add_argument(
         "--attention",
         default="varlen",
         choices=["varlen", "per-sequence"],
@@ -244,6 +257,7 @@ def main() -> None:
         "recompute": args.recompute,
         "logprob_chunk": args.logprob_chunk,
         "attention": args.attention,
+        "old_logprobs": args.old_logprobs,
     }
     for name in args.backends.split(","):
         for k, v in run_backend(name, args).items():

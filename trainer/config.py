@@ -45,6 +45,10 @@ class Aggregation(StrEnum):
 class OldLogprobSource(StrEnum):
     ROLLOUT = "rollout"  # the engine's logprobs are the behaviour policy
     RECOMPUTE = "recompute"  # the trainer recomputes them before the update
+    # One optimizer step per rollout batch: the old policy is the current one, so the training
+    # forward's own logprobs, detached, are the old ones (ratio 1, the same gradient), and the
+    # forward-only pass that recomputed them goes (~1/5 of a step's FLOPs with a reference).
+    FORWARD = "forward"
 
 
 class LossConfig(Section):
@@ -351,14 +355,35 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
-        if self.tis.mode != TISMode.OFF and self.loss.old_logprobs != OldLogprobSource.RECOMPUTE:
+        if self.tis.mode != TISMode.OFF and self.loss.old_logprobs == OldLogprobSource.ROLLOUT:
             raise ValueError(
-                "tis.mode needs loss.old_logprobs=recompute: with rollout logprobs as the old "
-                "policy every TIS weight is 1"
+                "tis.mode needs loss.old_logprobs=recompute (or forward): with rollout logprobs "
+                "as the old policy every TIS weight is 1"
             )
+        if self.loss.old_logprobs == OldLogprobSource.FORWARD:
+            self._check_forward_old_logprobs()
         if self.tis.lower > self.tis.upper:
             raise ValueError("tis.lower must be <= tis.upper")
         return self
+
+    def _check_forward_old_logprobs(self) -> None:
+        """What needs the old policy's logprobs of the whole batch before its first update
+        cannot take them from that update's forward."""
+        if self.batch.num_minibatches != 1:
+            raise ValueError(
+                "loss.old_logprobs=forward needs batch.num_minibatches=1: after the first "
+                "optimizer step the old policy is no longer the current one (use recompute)"
+            )
+        if self.tis.mode == TISMode.MIS:
+            raise ValueError(
+                "loss.old_logprobs=forward takes tis.mode off or token: mis weights (sequence "
+                "levels, vetoes) are set before the update (use recompute)"
+            )
+        if self.tis.mode != TISMode.OFF and self.tis.renormalize:
+            raise ValueError(
+                "loss.old_logprobs=forward cannot tis.renormalize: the mean is over the whole "
+                "batch, known only once the update's forward has run (use recompute)"
+            )
 
 
 class TrainerSettings(ServiceSettings):

@@ -31,7 +31,7 @@ from trainer.batching import (
 )
 from trainer.config import OldLogprobSource, TISMode, TrainerConfig
 from trainer.losses import LossTerms, aggregation_weights, grpo_loss
-from trainer.tis import tis_weights
+from trainer.tis import MismatchSums, tis_weights
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,16 @@ class TrainBatch:
 
     sequences: list[TrainSequence]
     advantages: torch.Tensor  # [N] float32
-    old_logprobs: list[torch.Tensor]
+    old_logprobs: list[torch.Tensor] | None  # None: the training forward's own (`forward`)
     ref_logprobs: list[torch.Tensor] | None  # None without a KL term
-    tis_weights: list[torch.Tensor] | None  # None with TIS off
+    tis_weights: list[torch.Tensor] | None  # None with TIS off, or until the forward
     # This rank's micro-batches of all `sequences`, built once for the logprob passes and
     # reused by a mini-batch that is the whole batch (building them is CPU work on the
     # trainer's critical path: ~0.8 s per build at the original recipe's 2,560 samples).
     microbatches: list[MicroBatch] | None = None
+    # `forward` with rollout logprobs: the TIS weights and the trainer-vs-rollout metrics
+    # are computed in the loss, from the training forward's logprobs.
+    rollout_logprobs: list[torch.Tensor] | None = None
 
 
 def build_sequences(
@@ -157,18 +160,27 @@ def stage_batch(
     metrics: dict[str, float] = {}
     rollout = [s.rollout_logprobs for s in sequences]
     have_rollout = all(r is not None for r in rollout)
-    recompute = cfg.loss.old_logprobs != OldLogprobSource.ROLLOUT or not have_rollout
+    source = cfg.loss.old_logprobs
+    forward = source == OldLogprobSource.FORWARD
+    recompute = source == OldLogprobSource.RECOMPUTE or (
+        source == OldLogprobSource.ROLLOUT and not have_rollout
+    )
     need = recompute or cfg.loss.kl_coef > 0
     mbs = rank_microbatches(sequences, backend, cfg) if need else None
-    if cfg.loss.old_logprobs == OldLogprobSource.ROLLOUT and have_rollout:
+    old: list[torch.Tensor] | None = None
+    if source == OldLogprobSource.ROLLOUT and have_rollout:
         old = [r for r in rollout if r is not None]
-    else:
+    elif recompute:
         if cfg.loss.old_logprobs == OldLogprobSource.ROLLOUT:
             metrics["old_logprobs_recomputed"] = 1.0  # some trajectory had no rollout logprobs
         old = sequence_logprobs(sequences, backend, Policy.CURRENT, cfg, mbs)
     ref = None
     if cfg.loss.kl_coef > 0:
         ref = sequence_logprobs(sequences, backend, Policy.REFERENCE, cfg, mbs)
+    if forward:
+        loss_side = [r for r in rollout if r is not None] if sequences and have_rollout else None
+        return TrainBatch(sequences, advantages, None, ref, None, mbs, loss_side), metrics
+    assert old is not None
     tis = None
     if sequences and have_rollout:
         mask = torch.cat([s.loss_mask for s in sequences]) > 0
@@ -201,18 +213,28 @@ def _token_index(sequences: Sequence[TrainSequence]) -> torch.Tensor:
 
 
 def minibatch_loss(
-    batch: TrainBatch, idxs: list[int], weights: list[torch.Tensor], cfg: TrainerConfig
+    batch: TrainBatch,
+    idxs: list[int],
+    weights: list[torch.Tensor],
+    cfg: TrainerConfig,
+    mismatch: MismatchSums | None = None,
 ) -> LossFn:
     """The GRPO loss of a micro-batch of the mini-batch `idxs` (positions in `batch`), whose
-    micro-batches index `idxs` in order; `weights` are the mini-batch's aggregation weights."""
+    micro-batches index `idxs` in order; `weights` are the mini-batch's aggregation weights.
+    With `batch.rollout_logprobs` (`forward`), `mismatch` collects the TIS and trainer-vs-
+    rollout sums of the micro-batches."""
     sub = [batch.sequences[i] for i in idxs]
     adv = [
         torch.full((s.response_len,), float(batch.advantages[i]))
         for s, i in zip(sub, idxs, strict=True)
     ]
-    old = [batch.old_logprobs[i] for i in idxs]
+    old = [batch.old_logprobs[i] for i in idxs] if batch.old_logprobs is not None else None
     ref = [batch.ref_logprobs[i] for i in idxs] if batch.ref_logprobs is not None else None
     tis = [batch.tis_weights[i] for i in idxs] if batch.tis_weights is not None else None
+    rollout = None
+    if batch.rollout_logprobs is not None:
+        rollout = [batch.rollout_logprobs[i] for i in idxs]
+        masks = [s.loss_mask for s in sub]
 
     def loss_fn(mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None) -> LossTerms:
         dev = logp.device
@@ -222,15 +244,22 @@ def minibatch_loss(
                 return torch.zeros(mb.targets.numel())
             return mb.gather(per_sequence)
 
+        # `forward`: the old policy is this very forward's (the same weights), detached.
+        old_logp = pick(old).to(dev) if old is not None else logp.detach()
+        tis_w = pick(tis) if tis is not None else None
+        if rollout is not None:
+            assert mismatch is not None
+            old_cpu = old_logp.float().cpu()
+            tis_w = mismatch.add(old_cpu, pick(rollout), pick(masks) > 0, cfg.tis)
         return grpo_loss(
             logp,
-            pick(old).to(dev),
+            old_logp,
             pick(adv).to(dev),
             pick(weights).to(dev),
             cfg.loss,
             ref_logp=pick(ref).to(dev) if ref is not None else None,
             entropy=entropy,
-            tis_weights=pick(tis).to(dev) if tis is not None else None,
+            tis_weights=tis_w.to(dev) if tis_w is not None else None,
         )
 
     return loss_fn
@@ -262,7 +291,8 @@ def train_batch(batch: TrainBatch, backend: TrainerBackend, cfg: TrainerConfig) 
         w = aggregation_weights(mask, _token_index(sub), len(sub), cfg.loss.aggregation)
         weights = list(torch.split(w, [s.response_len for s in sub]))
         sums: dict[str, float] = {}
-        loss_fn = _summing_metrics(minibatch_loss(batch, idxs, weights, cfg), sums)
+        mismatch = MismatchSums() if batch.rollout_logprobs is not None else None
+        loss_fn = _summing_metrics(minibatch_loss(batch, idxs, weights, cfg, mismatch), sums)
         whole = len(idxs) == len(batch.sequences) and batch.microbatches is not None
         mbs = batch.microbatches if whole else rank_microbatches(sub, backend, cfg)
         assert mbs is not None
@@ -274,6 +304,8 @@ def train_batch(batch: TrainBatch, backend: TrainerBackend, cfg: TrainerConfig) 
         t_opt += time.perf_counter() - t1
         t_fb += t1 - t0
         sums = backend.all_reduce_dp(sums)
+        if mismatch is not None:  # only with one mini-batch (TrainerConfig checks)
+            sums |= MismatchSums.metrics(backend.all_gather_dp(mismatch), cfg.tis)
         sums["grad_norm"] = step.grad_norm
         sums["lr"] = step.lr
         for k, v in sums.items():

@@ -121,3 +121,73 @@ def tis_weights(
         "tis/effective_sample_size": kish_ess(wv),
     }
     return TISResult(weights=w.float(), valid=valid, metrics=metrics)
+
+
+@dataclass
+class MismatchSums:
+    """`loss.old_logprobs: forward`: the trainer-vs-rollout metrics (and token TIS's) built up
+    micro-batch by micro-batch, as the training forward produces the old logprobs; `metrics`
+    combines every data-parallel rank's into what `tis_weights` and the staged path report."""
+
+    w_sum: float = 0.0
+    w_sq: float = 0.0
+    w_max: float = 0.0
+    valid: int = 0
+    clipped: int = 0
+    diff_sum: float = 0.0
+    diff_max: float = 0.0
+    diff_n: int = 0
+
+    def add(
+        self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cfg: TISConfig
+    ) -> torch.Tensor | None:
+        """This micro-batch's TIS weights (None with TIS off), its sums added here."""
+        ok = mask.bool() & torch.isfinite(old_logp)
+        diff = (old_logp - rollout_logp).abs()[ok]
+        if diff.numel():
+            self.diff_sum += float(diff.double().sum())
+            self.diff_max = max(self.diff_max, float(diff.max()))
+            self.diff_n += diff.numel()
+        if cfg.mode == TISMode.OFF:
+            return None
+        assert cfg.mode == TISMode.TOKEN and not cfg.renormalize  # TrainerConfig checks
+        n = old_logp.numel()
+        res = tis_weights(old_logp, rollout_logp, mask, torch.zeros(n, dtype=torch.long), 1, cfg)
+        wv = res.weights.double()[res.valid]
+        if wv.numel():
+            self.w_sum += float(wv.sum())
+            self.w_sq += float((wv**2).sum())
+            self.w_max = max(self.w_max, float(wv.max()))
+            self.valid += wv.numel()
+            self.clipped += round(res.metrics["tis/clip_fraction"] * wv.numel())
+        return res.weights
+
+    @staticmethod
+    def metrics(ranks: list[MismatchSums], cfg: TISConfig) -> dict[str, float]:
+        total = MismatchSums(
+            w_max=max(r.w_max for r in ranks), diff_max=max(r.diff_max for r in ranks)
+        )
+        for r in ranks:
+            total.w_sum += r.w_sum
+            total.w_sq += r.w_sq
+            total.valid += r.valid
+            total.clipped += r.clipped
+            total.diff_sum += r.diff_sum
+            total.diff_n += r.diff_n
+        out = {
+            "logprob_diff/trainer_vs_rollout_abs_mean": total.diff_sum / total.diff_n
+            if total.diff_n
+            else 0.0,
+            "logprob_diff/trainer_vs_rollout_abs_max": total.diff_max,
+        }
+        if cfg.mode == TISMode.OFF:
+            return out
+        n = total.valid
+        ess = total.w_sum**2 / (n * total.w_sq) if n and total.w_sq else 0.0
+        return out | {
+            "tis/weight_mean": total.w_sum / n if n else 0.0,
+            "tis/weight_max": total.w_max,
+            "tis/clip_fraction": total.clipped / n if n else 0.0,
+            "tis/veto_fraction": 0.0,
+            "tis/effective_sample_size": ess,
+        }

@@ -48,7 +48,16 @@ def test_megatron_equals_hf_backend(
 ) -> None:
     diffs = _run(tmp_path, ranks, tp, pp, tied)
     assert diffs["gather_initial"] == 0.0, diffs  # a weight push sends the HF weights exactly
-    for key in ("logprobs_current", "logprobs_reference", "logprobs_padded", "entropy", "weights"):
+    for key in (
+        "logprobs_current",
+        "logprobs_reference",
+        "logprobs_padded",
+        "entropy",
+        "weights",
+        "weights_forward",  # `loss.old_logprobs: forward` against `recompute`
+        "metric_forward_loss",
+        "metric_forward_logprob_diff/trainer_vs_rollout_abs_mean",
+    ):
         assert diffs[key] <= 1e-5, (key, diffs)
     # A fresh backend loading the full state takes the next step bit-identically.
     assert diffs["resume"] == 0.0 and diffs["steps_after_resume"] == 2, diffs

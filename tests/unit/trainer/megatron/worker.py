@@ -115,6 +115,8 @@ def main() -> None:
     trajs = make_batch(n_groups=2, group_size=4, seed=1)
     for k, t in enumerate(trajs):
         t.temperature = (0.7, 1.0, 1.3)[k % 3]
+        t.has_rollout_logprobs = True  # for the trainer-vs-rollout metric of both sources
+        t.rollout_logprobs[:] = [-4.5 - 0.01 * j for j in range(len(t.rollout_logprobs))]
     seqs = [sequence_from_trajectory(t)[0] for t in trajs]
 
     # Logprobs and entropy: packed micro-batches (3 sequences per row), this DP rank's share.
@@ -158,6 +160,24 @@ def main() -> None:
             diffs[f"metric_{key}"] = abs(got_m[key] - want_m[key])
             diffs[f"value_{key}"] = want_m[key]
     got_w = {k: v.cpu() for k, v in meg.named_tensors()}
+
+    # `loss.old_logprobs: forward` (the pipeline's replay on the other stages included): the
+    # update of `recompute` above, without the old-policy pass.
+    fwd_cfg = cfg.model_copy(deep=True)
+    fwd_cfg.loss.old_logprobs = "forward"  # type: ignore[assignment]
+    fwd = MegatronBackend(
+        {k: v.clone() for k, v in _initial(tied).items()},
+        hf.config,
+        fwd_cfg,
+        DistInfo(rank, world, rank, DEVICE),
+    )
+    fwd_m = train_on(trajs, fwd, fwd_cfg)
+    for key in ("loss", "logprob_diff/trainer_vs_rollout_abs_mean"):
+        diffs[f"metric_forward_{key}"] = abs(fwd_m[key] - got_m[key])
+    fwd_w = {k: v.cpu() for k, v in fwd.named_tensors()}
+    if rank == 0:
+        diffs["weights_forward"] = max(float((fwd_w[k] - got_w[k]).abs().max()) for k in got_w)
+    del fwd
 
     # Resume: a fresh backend loading the full state continues bit-identically.
     state = meg.full_state()
