@@ -347,7 +347,7 @@ def ensure_debian(
 
 # CI's `dev.py prepare` installs Docker while `dev.py test` installs chromium: apt's own locks
 # fail at once instead of waiting, so both take this one first (docker/compose_run.py's
-# apt_install takes the same file, with the same deadline).
+# apt_install calls this function).
 APT_LOCK = Path(tempfile.gettempdir()) / "searchr1-apt.lock"
 APT_LOCK_WAIT_S = 1200.0
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
-import fcntl
 import functools
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SEARCHR1_DOCKER_CACHE", "/var/cache/searchr1-docker"))
@@ -95,20 +96,25 @@ def engine_answers() -> bool:
 def apt_install(*packages: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-    # dev.py's APT_LOCK, with its deadline: CI builds here while `dev.py test` installs with apt.
-    path, deadline = Path(tempfile.gettempdir()) / "searchr1-apt.lock", time.monotonic() + 1200
-    with open(path, "w") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StepFailed(f"another install held {path} for 1200 s") from None
-                time.sleep(1)
-        if quiet(cmd, timeout=900).returncode != 0:  # stale package lists: update once, retry
-            run(["apt-get", "update"], "apt-get update", env=env)
-            run(cmd, f"installing {' '.join(packages)}", env=env)
+    # dev.py's lock (and deadline): CI builds here while `dev.py test` installs with apt.
+    try:
+        with dev_script().apt_lock():
+            if quiet(cmd, timeout=900).returncode != 0:  # stale package lists: update, retry
+                run(["apt-get", "update"], "apt-get update", env=env)
+                run(cmd, f"installing {' '.join(packages)}", env=env)
+    except TimeoutError as e:  # only the lock's wait raises it
+        raise StepFailed(str(e)) from None
+
+
+@functools.cache
+def dev_script() -> ModuleType:
+    """The repository's dev.py, loaded by path: a module called `docker` (this folder, or
+    the Docker SDK) must not be what imports it."""
+    spec = importlib.util.spec_from_file_location("searchr1_dev", ROOT / "dev.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ensure_engine() -> None:

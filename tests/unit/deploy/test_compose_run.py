@@ -99,3 +99,23 @@ def test_it_runs_its_own_compose_project() -> None:
     cmd = cr.compose("down", "--volumes")
     project = cmd[cmd.index("--project-name") + 1]
     assert project != stack.compose_raw()["name"]
+
+
+def test_apt_install_takes_dev_pys_lock_and_fails_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The compose run's docker.io install and `dev.py test`'s installs share one lock (and
+    its deadline): held past it, the step fails naming the lock, and apt never runs."""
+    import fcntl
+
+    dev = cr.dev_script()
+    monkeypatch.setattr(dev, "APT_LOCK", tmp_path / "apt.lock")
+    monkeypatch.setattr(dev, "APT_LOCK_WAIT_S", 0.3)
+    with (
+        mock.patch.object(cr, "quiet") as quiet,
+        open(tmp_path / "apt.lock", "w") as held,
+    ):
+        fcntl.flock(held, fcntl.LOCK_EX)  # another install holds it
+        with pytest.raises(cr.StepFailed, match=r"held .*apt\.lock"):
+            cr.apt_install("docker.io")
+    quiet.assert_not_called()
