@@ -18,6 +18,7 @@ import pytest
 
 from harness.inspector_run import check_inspector_pages
 from tests.support.engines import sglang_python
+from tests.support.processes import alive
 
 
 def _megatron() -> bool:
@@ -125,13 +126,6 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     import signal
@@ -160,6 +154,6 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     assert proc.returncode == 130, rest[-3000:]
     assert "stopped" in rest
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in tree if _alive(p)]
+    assert not [p for p in tree if alive(p)]

@@ -17,6 +17,7 @@ from searchr1.supervisor import (
     ServiceSpec,
     Supervisor,
 )
+from tests.support.processes import alive
 
 PY = sys.executable
 ENV = {"PYTHONPATH": os.getcwd()}
@@ -31,18 +32,6 @@ def http_service(name: str) -> ServiceSpec:
         env=ENV,
         ready_timeout_s=30,
     )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); read its state.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def test_starts_in_order_waits_ready_and_stops_gracefully(tmp_path: Path) -> None:

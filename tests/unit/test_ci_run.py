@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.processes import alive
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Stands in for `python3 dev.py PHASE`: prepare starts a long child (as pip or docker build
@@ -21,15 +23,6 @@ case "$2" in
   *) echo "phase $2 ran" >> "$CI_TEST_DIR/ran" ;;
 esac
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_failing_test_phase_stops_prepare_and_what_it_started(tmp_path: Path) -> None:
@@ -48,10 +41,10 @@ def test_a_failing_test_phase_stops_prepare_and_what_it_started(tmp_path: Path) 
     assert not (tmp_path / "ran").exists()  # nothing after the failed phase
     grandchild = int((tmp_path / "grandchild").read_text())
     deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        assert not _alive(grandchild), "prepare's child outlived .ci/run"
+        assert not alive(grandchild), "prepare's child outlived .ci/run"
     finally:
-        if _alive(grandchild):
+        if alive(grandchild):
             os.kill(grandchild, 9)
