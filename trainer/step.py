@@ -187,14 +187,9 @@ def stage_batch(
         flat_old = torch.cat(old)
         flat_rollout = torch.cat([r for r in rollout if r is not None])
         if cfg.loss.old_logprobs == OldLogprobSource.RECOMPUTE:
-            ok = mask & torch.isfinite(flat_old)
-            diff = (flat_old - flat_rollout).abs()[ok]
-            metrics["logprob_diff/trainer_vs_rollout_abs_mean"] = (
-                float(diff.mean()) if diff.numel() else 0.0
-            )
-            metrics["logprob_diff/trainer_vs_rollout_abs_max"] = (
-                float(diff.max()) if diff.numel() else 0.0
-            )
+            diff = MismatchSums()
+            diff.add_diff(flat_old, flat_rollout, mask)
+            metrics.update(diff.diff_metrics())
         if cfg.tis.mode != TISMode.OFF:
             res = tis_weights(
                 flat_old, flat_rollout, mask, _token_index(sequences), len(sequences), cfg.tis

@@ -29,6 +29,7 @@ class TISResult:
     weights: torch.Tensor  # per token; 0 where the token does not count
     valid: torch.Tensor  # bool per token: counted (loss mask and finite logprobs)
     metrics: dict[str, float]
+    clipped: int  # valid tokens whose weight the bounds changed (`tis/clip_fraction` x valid)
 
 
 def kish_ess(weights: torch.Tensor) -> float:
@@ -120,7 +121,7 @@ def tis_weights(
         "tis/veto_fraction": vetoed_samples / max(int(live.sum()), 1),
         "tis/effective_sample_size": kish_ess(wv),
     }
-    return TISResult(weights=w.float(), valid=valid, metrics=metrics)
+    return TISResult(weights=w.float(), valid=valid, metrics=metrics, clipped=int(modified.sum()))
 
 
 @dataclass
@@ -138,16 +139,30 @@ class MismatchSums:
     diff_max: float = 0.0
     diff_n: int = 0
 
-    def add(
-        self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cfg: TISConfig
-    ) -> torch.Tensor | None:
-        """This micro-batch's TIS weights (None with TIS off), its sums added here."""
+    def add_diff(
+        self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor
+    ) -> None:
+        """|trainer - rollout| over the masked tokens whose trainer logprob is finite."""
         ok = mask.bool() & torch.isfinite(old_logp)
         diff = (old_logp - rollout_logp).abs()[ok]
         if diff.numel():
             self.diff_sum += float(diff.double().sum())
-            self.diff_max = max(self.diff_max, float(diff.max()))
+            self.diff_max = _max(self.diff_max, float(diff.max()))
             self.diff_n += diff.numel()
+
+    def diff_metrics(self) -> dict[str, float]:
+        return {
+            "logprob_diff/trainer_vs_rollout_abs_mean": self.diff_sum / self.diff_n
+            if self.diff_n
+            else 0.0,
+            "logprob_diff/trainer_vs_rollout_abs_max": self.diff_max,
+        }
+
+    def add(
+        self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cfg: TISConfig
+    ) -> torch.Tensor | None:
+        """This micro-batch's TIS weights (None with TIS off), its sums added here."""
+        self.add_diff(old_logp, rollout_logp, mask)
         if cfg.mode == TISMode.OFF:
             return None
         assert cfg.mode == TISMode.TOKEN and not cfg.renormalize  # TrainerConfig checks
@@ -159,27 +174,21 @@ class MismatchSums:
             self.w_sq += float((wv**2).sum())
             self.w_max = max(self.w_max, float(wv.max()))
             self.valid += wv.numel()
-            self.clipped += round(res.metrics["tis/clip_fraction"] * wv.numel())
+            self.clipped += res.clipped
         return res.weights
 
     @staticmethod
     def metrics(ranks: list[MismatchSums], cfg: TISConfig) -> dict[str, float]:
-        total = MismatchSums(
-            w_max=max(r.w_max for r in ranks), diff_max=max(r.diff_max for r in ranks)
-        )
+        total = MismatchSums(w_max=max(r.w_max for r in ranks))
         for r in ranks:
+            total.diff_max = _max(total.diff_max, r.diff_max)
             total.w_sum += r.w_sum
             total.w_sq += r.w_sq
             total.valid += r.valid
             total.clipped += r.clipped
             total.diff_sum += r.diff_sum
             total.diff_n += r.diff_n
-        out = {
-            "logprob_diff/trainer_vs_rollout_abs_mean": total.diff_sum / total.diff_n
-            if total.diff_n
-            else 0.0,
-            "logprob_diff/trainer_vs_rollout_abs_max": total.diff_max,
-        }
+        out = total.diff_metrics()
         if cfg.mode == TISMode.OFF:
             return out
         n = total.valid
@@ -191,3 +200,8 @@ class MismatchSums:
             "tis/veto_fraction": 0.0,
             "tis/effective_sample_size": ess,
         }
+
+
+def _max(a: float, b: float) -> float:
+    """The larger, keeping a NaN as torch's `max` does (a NaN rollout logprob shows)."""
+    return b if math.isnan(b) or b > a else a
