@@ -32,6 +32,7 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -175,7 +176,7 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
         out["mfu"] = round(flops_s / (args.peak_tflops * 1e12), 3)
     print(f"backend {name}: " + " ".join(f"{k}={v}" for k, v in out.items()), flush=True)
     if args.profile:
-        profile_passes(name, backend, cfg, hf_cfg.vocab_size, Path(args.profile))
+        out |= profile_passes(name, backend, cfg, hf_cfg.vocab_size, Path(args.profile))
     del backend
     gc.collect()
     if dev.type == "cuda":
@@ -183,12 +184,15 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> None:  # type: ignore[no-untyped-def]
-    """Where a step's time goes: torch.profiler over one logprob (forward-only) pass and one
-    forward + backward, each on the micro-batches of 32 new samples; the top operators by
-    device time to `out/profile-<backend>-<pass>.txt`."""
+def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Where a step's time goes: torch.profiler over each forward-only pass (current policy,
+    reference) and one forward + backward, each on the micro-batches of 32 new samples. The
+    top operators by device time go to `out/profile-<backend>-<pass>.txt`; whether the device
+    was kept busy and what made the host wait (`bench.profile_summary`) is printed and
+    returned as `<pass>_<key>` pairs."""
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.profile_summary import summarize
     from trainer.backend import Policy
     from trainer.losses import LossTerms
     from trainer.step import build_sequences, rank_microbatches
@@ -196,26 +200,51 @@ def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> None:  # t
     out.mkdir(parents=True, exist_ok=True)
     seqs = build_sequences(batch(32, vocab, seed=2000), cfg)[0]
     mbs = rank_microbatches(seqs, backend, cfg)
+    cuda = torch.cuda.is_available()
 
     def fwd_bwd() -> None:
         backend.forward_backward(
             mbs, lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
         )
 
-    passes = {"logprobs": lambda: backend.logprobs(mbs, Policy.REFERENCE), "train": fwd_bwd}
-    activities = [ProfilerActivity.CPU] + (
-        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-    )
-    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    passes = {
+        "logprobs_current": lambda: backend.logprobs(mbs, Policy.CURRENT),
+        "logprobs_reference": lambda: backend.logprobs(mbs, Policy.REFERENCE),
+        "train": fwd_bwd,
+    }
+    if cfg.loss.kl_coef <= 0:  # no reference model
+        del passes["logprobs_reference"]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    found: dict[str, float] = {}
+
+    def timed(run: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
     for what, run in passes.items():
-        run()  # warm
+        timed(run)  # warm
+        plain_s = timed(run)  # the profiler's own per-operator cost inflates the wall time
         with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
             run()
-            if torch.cuda.is_available():
+            if cuda:
                 torch.cuda.synchronize()
+            wall_s = time.perf_counter() - t0
         table = prof.key_averages().table(sort_by=sort, row_limit=40)
         (out / f"profile-{name}-{what}.txt").write_text(table)
+        summary = summarize(prof.events(), wall_s, plain_s)
         print(f"profile {name} {what}:\n" + "\n".join(table.splitlines()[:16]), flush=True)
+        print(
+            f"profile backend={name} pass={what} "
+            + " ".join(f"{k}={v}" for k, v in summary.items()),
+            flush=True,
+        )
+        found |= {f"{what}_{k}": v for k, v in summary.items()}
+    return found
 
 
 def main() -> None:

@@ -3,10 +3,11 @@
 transformers turns packed `position_ids` into a dense block-diagonal mask for `sdpa`, which
 costs O(L^2) over the whole packed row (and loses the fused kernels): packing then runs slower
 than padding on CPU. This attention function instead runs `scaled_dot_product_attention` with
-`is_causal=True` on each packed sequence (boundaries from `cu_seq_lens_q`, passed by the
-backend), costing sum(L_i^2) with the fused kernels. Without boundaries (the padded path, right
-padding), one causal attention over the row is exact for every real token: a causal model never
-lets a real token see the padding after it.
+`is_causal=True` on each packed sequence (boundaries from `cu_seq_lens_q`, which the backend
+passes as `PackedBounds`, built once per micro-batch), costing sum(L_i^2) with the fused
+kernels. Without boundaries (the padded path, right padding), one causal attention over the
+row is exact for every real token: a causal model never lets a real token see the padding
+after it.
 
 On CUDA in bf16/fp16 a packed row is one call per layer: PyTorch's FlashAttention varlen kernel
 over `cu_seqlens` (`packed_causal_attention`, shared with the Megatron backend). Elsewhere (CPU,
@@ -27,6 +28,7 @@ time under names the config check does not know.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -68,7 +70,7 @@ def varlen_causal_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_q: torch.Tensor | PackedBounds | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     for name in _CALL_ARGS:
@@ -137,11 +139,30 @@ def flash_varlen_applies(query: torch.Tensor, dropout: float) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PackedBounds:
+    """A packed row's sequence bounds in both places the attention reads them: on the CPU
+    (the per-sequence fallback, and the longest sequence the kernel is told) and on the
+    compute device (the varlen kernel's `cu_seqlens`). Built once per micro-batch and handed to
+    every layer: a copy per layer would put a host-to-device copy from pageable memory, which
+    the driver may serialize with the stream, in every layer of every forward."""
+
+    host: torch.Tensor  # [N + 1] int64, on the CPU
+    device: torch.Tensor  # [N + 1] int32, on the compute device
+    longest: int
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, device: torch.device) -> PackedBounds:
+        host = cu_seqlens.to("cpu", torch.int64)
+        longest = int((host[1:] - host[:-1]).max()) if host.numel() > 1 else 0
+        return cls(host, host.to(device, torch.int32, non_blocking=True), longest)
+
+
 def packed_causal_attention(
     query: torch.Tensor,  # [T, H, D]
     key: torch.Tensor,  # [T, Hkv, D]
     value: torch.Tensor,
-    cu_seqlens: torch.Tensor,  # [N + 1] sequence bounds (a CPU tensor)
+    cu_seqlens: torch.Tensor | PackedBounds,  # [N + 1] sequence bounds (a CPU tensor)
     *,
     scale: float | None,
     dropout: float = 0.0,
@@ -149,12 +170,15 @@ def packed_causal_attention(
     """Causal attention within each sequence of a packed row, none across; `[T, H, D]` out.
 
     On CUDA in bf16/fp16 one FlashAttention varlen call over all sequences; elsewhere (CPU,
-    fp32, dropout) `scaled_dot_product_attention` per sequence, on the flash kernel on CUDA."""
+    fp32, dropout) `scaled_dot_product_attention` per sequence, on the flash kernel on CUDA.
+    Pass `PackedBounds` where many layers share the bounds."""
     if flash_varlen_applies(query, dropout):
         kernel, causal, takes_gqa = _flash_varlen()  # type: ignore[misc]
-        bounds = cu_seqlens.to(torch.int64)
-        longest = int((bounds[1:] - bounds[:-1]).max())
-        cu = bounds.to(query.device, torch.int32, non_blocking=True)
+        bounds = (
+            cu_seqlens
+            if isinstance(cu_seqlens, PackedBounds)
+            else PackedBounds.of(cu_seqlens, query.device)
+        )
         extra = dict(causal)
         if query.shape[1] != key.shape[1]:
             if takes_gqa:
@@ -166,14 +190,15 @@ def packed_causal_attention(
             query.contiguous(),
             key.contiguous(),
             value.contiguous(),
-            cu,
-            cu,
-            longest,
-            longest,
+            bounds.device,
+            bounds.device,
+            bounds.longest,
+            bounds.longest,
             scale=scale,
             **extra,
         )
-    return per_sequence_attention(query, key, value, cu_seqlens, scale=scale, dropout=dropout)
+    host = cu_seqlens.host if isinstance(cu_seqlens, PackedBounds) else cu_seqlens
+    return per_sequence_attention(query, key, value, host, scale=scale, dropout=dropout)
 
 
 def per_sequence_attention(

@@ -156,3 +156,13 @@ def head_token_stats(
         group,
         compute_dtype,
     )
+
+
+def to_host(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`values` (a pass's per-micro-batch logprobs) on the CPU, in one device-to-host copy
+    after the pass: a copy per micro-batch would make the host wait for each micro-batch's
+    forward before it could queue the next one's kernels."""
+    if not values:
+        return []
+    flat = torch.cat([v.reshape(-1) for v in values]).cpu()
+    return list(flat.split([v.numel() for v in values]))

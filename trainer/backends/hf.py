@@ -24,13 +24,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from trainer.attention import use_varlen
+from trainer.attention import PackedBounds, use_varlen
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
 from trainer.batching import MicroBatch
 from trainer.config import DType, LRSchedule, Recompute, TrainerConfig
 from trainer.dist import DistInfo, all_gather_objects, all_reduce_sum
 from trainer.export import write_hf_dir
-from trainer.logprobs import head_token_stats
+from trainer.logprobs import head_token_stats, to_host
 from trainer.losses import entropy_from_logits
 from trainer.offload import move_module, move_optimizer_state
 
@@ -153,8 +153,8 @@ class HFBackend(TrainerBackend):
         dev = self.device
         extra: dict[str, Any] = {}
         if self.varlen and mb.cu_seqlens is not None:
-            # Left on the CPU: the varlen attention only reads the bounds (no device sync).
-            extra["cu_seq_lens_q"] = mb.cu_seqlens
+            # Moved to the device once for all layers (the CPU copy serves the fallback).
+            extra["cu_seq_lens_q"] = PackedBounds.of(mb.cu_seqlens, dev)
         if self.logprob_chunk:
             return self._chunked_stats(model, mb, extra, with_entropy, entropy_grad)
         with self._autocast():
@@ -225,7 +225,7 @@ class HFBackend(TrainerBackend):
         was_training = model.training
         model.eval()
         try:
-            return [self._forward(model, mb, with_entropy=False)[0].cpu() for mb in microbatches]
+            return to_host([self._forward(model, mb, with_entropy=False)[0] for mb in microbatches])
         finally:
             model.train(was_training)
 

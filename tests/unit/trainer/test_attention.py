@@ -108,6 +108,7 @@ class _RecordingKernel:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, object]] = []
+        self.bounds: list[torch.Tensor] = []  # the device bounds of each call (kept alive)
 
     def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):  # type: ignore[no-untyped-def]
         import trainer.attention as attention
@@ -115,6 +116,7 @@ class _RecordingKernel:
         assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
         assert window_size == (-1, 0) and enable_gqa == (q.shape[1] != k.shape[1])
         self.calls.append({"tokens": q.shape[0], "sequences": cu_q.numel() - 1, "max": max_q})
+        self.bounds.append(cu_q)
         return attention.per_sequence_attention(q, k, v, cu_q.to(torch.int64), scale=scale)
 
 
@@ -147,6 +149,7 @@ def test_hf_packed_row_is_one_kernel_call_per_layer(recording_kernel: _Recording
     fallback = HFBackend(tiny_qwen2(), TrainerConfig(), CPU)
     expected = fallback.logprobs([mb], policy=fallback_policy())
     recording_kernel.calls.clear()
+    recording_kernel.bounds.clear()
     backend = HFBackend(tiny_qwen2(), TrainerConfig(), CPU)
     got = backend.logprobs([mb], policy=fallback_policy())
     layers = backend.model.config.num_hidden_layers
@@ -157,6 +160,8 @@ def test_hf_packed_row_is_one_kernel_call_per_layer(recording_kernel: _Recording
         "max": int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()),  # type: ignore[index]
     }
     torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=0)
+    # One device copy of the bounds for the whole forward, not one per layer.
+    assert all(b is recording_kernel.bounds[0] for b in recording_kernel.bounds)
 
 
 def fallback_policy():  # type: ignore[no-untyped-def]
@@ -186,6 +191,25 @@ def test_megatron_rows_are_one_kernel_call(recording_kernel: _RecordingKernel) -
             )
         )
     torch.testing.assert_close(out, torch.stack(rows, dim=1))
+
+
+def test_megatron_layers_share_one_copy_of_the_bounds(recording_kernel: _RecordingKernel) -> None:
+    """Megatron hands every layer the same `segment_lengths`: the bounds are built and copied
+    to the device once per forward (a new forward's lengths get their own)."""
+    pytest.importorskip("megatron.core")
+    q, k, v = torch.randn(7, 2, 4, 8), torch.randn(7, 2, 2, 8), torch.randn(7, 2, 2, 8)
+    lengths = torch.tensor([[3, 4, 0], [2, 2, 3]])
+    first = _segment_attention(q, k, v, lengths)
+    again = _segment_attention(q, k, v, lengths)  # the next layer
+    b0, b1 = recording_kernel.bounds
+    assert b1 is b0
+    torch.testing.assert_close(again, first)
+    other = torch.tensor([[7, 0, 0], [1, 6, 0]])
+    _segment_attention(q, k, v, other)  # the next forward
+    assert recording_kernel.bounds[2] is not b0
+    assert recording_kernel.bounds[2].tolist() == [0, 7, 8, 14]
+    with pytest.raises(AssertionError, match="sum to"):
+        _segment_attention(q, k, v, torch.tensor([[3, 3, 0], [2, 2, 3]]))
 
 
 def _segment_attention(q, k, v, lengths):  # type: ignore[no-untyped-def]

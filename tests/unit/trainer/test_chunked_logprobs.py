@@ -139,3 +139,13 @@ def test_the_vocabulary_split_over_two_ranks_gives_the_full_result() -> None:
         torch.testing.assert_close(gh, hidden.grad, atol=1e-5, rtol=1e-5)
         ref_slice = torch.cat([weight.grad, torch.zeros(6, 16)])[rank * 28 : (rank + 1) * 28]  # type: ignore[list-item]
         torch.testing.assert_close(gw, ref_slice, atol=1e-5, rtol=1e-5)
+
+
+def test_to_host_returns_each_micro_batch_in_order() -> None:
+    from trainer.logprobs import to_host
+
+    parts = [torch.tensor([1.0, 2.0]), torch.zeros(0), torch.tensor([[3.0], [4.0]])]
+    got = to_host(parts)
+    assert [p.tolist() for p in got] == [[1.0, 2.0], [], [3.0, 4.0]]
+    assert all(p.device.type == "cpu" for p in got)
+    assert to_host([]) == []

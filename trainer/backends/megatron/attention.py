@@ -22,7 +22,32 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from trainer.attention import packed_causal_attention
+from trainer.attention import PackedBounds, packed_causal_attention
+
+
+class _LastBounds:
+    """The `PackedBounds` of the last `segment_lengths` a layer was handed. Megatron hands
+    the same tensor to every layer of a forward (and to the layers it recomputes), so the
+    bounds are built, and copied to the device, once per forward instead of once per layer.
+    Holding the tensor keeps the identity check sound (its id cannot be reused meanwhile)."""
+
+    lengths: torch.Tensor | None = None
+    bounds: PackedBounds | None = None
+
+    @classmethod
+    def of(cls, lengths: torch.Tensor, tokens: int, device: torch.device) -> PackedBounds:
+        if lengths is cls.lengths and cls.bounds is not None and cls.bounds.device.device == device:
+            return cls.bounds
+        per_row = lengths.sum(dim=1)
+        assert bool((per_row == tokens).all()), (
+            f"segment lengths sum to {per_row.tolist()} per row, each row has {tokens} tokens"
+        )
+        flat = lengths.reshape(-1)  # every row's segments, one after another
+        flat = flat[flat > 0]
+        cu = torch.zeros(flat.numel() + 1, dtype=torch.int64)
+        torch.cumsum(flat, 0, out=cu[1:])
+        cls.lengths, cls.bounds = lengths, PackedBounds.of(cu, device)
+        return cls.bounds
 
 
 class SegmentAttention(DotProductAttention):
@@ -44,14 +69,7 @@ class SegmentAttention(DotProductAttention):
             "SegmentAttention takes segment_lengths as its attention_mask"
         )
         sq, b, heads, dim = query.shape
-        per_row = attention_mask.sum(dim=1)
-        assert bool((per_row == sq).all()), (
-            f"segment lengths sum to {per_row.tolist()} per row, each row has {sq} tokens"
-        )
-        lengths = attention_mask.reshape(-1)  # every row's segments, one after another
-        lengths = lengths[lengths > 0]
-        bounds = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=bounds[1:])
+        bounds = _LastBounds.of(attention_mask, sq, query.device)
         # [s, b, h, d] -> [b * s, h, d]: the rows one after another, as one packed row.
         q, k, v = (t.transpose(0, 1).reshape(b * sq, t.shape[2], dim) for t in (query, key, value))
         p = self.attention_dropout.p if self.training else 0.0

@@ -37,7 +37,7 @@ from trainer.batching import MicroBatch
 from trainer.config import DType, LRSchedule, Recompute, TrainerConfig
 from trainer.dist import DistInfo
 from trainer.export import write_hf_dir
-from trainer.logprobs import head_token_stats
+from trainer.logprobs import head_token_stats, to_host
 
 T = TypeVar("T")
 
@@ -250,11 +250,11 @@ class MegatronBackend(TrainerBackend):
 
         def collect(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
             lp, _ = self._token_stats(model, logits, mb, entropy=False, entropy_grad=False)
-            out.append(lp.float().cpu())
+            out.append(lp.float())
             return logits.new_zeros(()), {}
 
         self._run(model, microbatches, collect, forward_only=True)
-        return self._from_last_stage(out)
+        return self._from_last_stage(to_host(out))
 
     def _from_last_stage(self, values: list[T]) -> list[T]:
         from megatron.core import parallel_state as ps
