@@ -16,7 +16,11 @@ inside its loop, shows as a busy fraction well under 1. This module reduces one 
   (stream, device and event synchronizations, synchronous copies) and the host time in them;
 - `pageable_copies`: copies from or to pageable host memory, which the driver may
   stage through a synchronization of their own (CUDA runtime API, "API synchronization
-  behavior").
+  behavior");
+- `mallocs`: device allocations and frees the caching allocator made (`cudaMalloc`,
+  `cudaFree`): in steady state there are none; a pass that makes them, or whose caller counts
+  allocator retries (`num_alloc_retries`, the allocator freeing its whole cache and trying
+  again under memory pressure), waits on the device there.
 
 Pure functions over the profiler's events (`name`, `device_type`, `time_range` in
 microseconds), so they are tested without a GPU.
@@ -41,6 +45,7 @@ BLOCKING_CALLS = frozenset(
         "cuEventSynchronize",
     }
 )
+ALLOCATOR_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync"})
 LAUNCH_CALLS = frozenset(
     {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
 )
@@ -74,4 +79,5 @@ def summarize(events: Sequence[Any], wall_s: float, plain_s: float) -> dict[str,
         "syncs": float(len(blocking)),
         "sync_wait_s": round(sum(e.time_range.elapsed_us() for e in blocking) / 1e6, 4),
         "pageable_copies": float(sum("Pageable" in e.name for e in device)),
+        "mallocs": float(sum(e.name in ALLOCATOR_CALLS for e in host)),
     }

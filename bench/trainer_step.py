@@ -186,7 +186,7 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, float]:
 
 def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Where a step's time goes: torch.profiler over each forward-only pass (current policy,
-    reference) and one forward + backward, each on the micro-batches of 32 new samples. The
+    reference) and one forward + backward, each on the micro-batches of 16 new samples. The
     top operators by device time go to `out/profile-<backend>-<pass>.txt`; whether the device
     was kept busy and what made the host wait (`bench.profile_summary`) is printed and
     returned as `<pass>_<key>` pairs."""
@@ -198,7 +198,8 @@ def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> dict[str, 
     from trainer.step import build_sequences, rank_microbatches
 
     out.mkdir(parents=True, exist_ok=True)
-    seqs = build_sequences(batch(32, vocab, seed=2000), cfg)[0]
+    # Two 8,192-token micro-batches: the gap between them shows, the trace stays small.
+    seqs = build_sequences(batch(16, vocab, seed=2000), cfg)[0]
     mbs = rank_microbatches(seqs, backend, cfg)
     cuda = torch.cuda.is_available()
 
@@ -225,9 +226,14 @@ def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> dict[str, 
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
+    def alloc_retries() -> int:
+        return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
     for what, run in passes.items():
         timed(run)  # warm
+        retries = alloc_retries()
         plain_s = timed(run)  # the profiler's own per-operator cost inflates the wall time
+        retries = alloc_retries() - retries
         with profile(activities=activities) as prof:
             t0 = time.perf_counter()
             run()
@@ -236,7 +242,7 @@ def profile_passes(name: str, backend, cfg, vocab: int, out: Path) -> dict[str, 
             wall_s = time.perf_counter() - t0
         table = prof.key_averages().table(sort_by=sort, row_limit=40)
         (out / f"profile-{name}-{what}.txt").write_text(table)
-        summary = summarize(prof.events(), wall_s, plain_s)
+        summary = summarize(prof.events(), wall_s, plain_s) | {"alloc_retries": float(retries)}
         print(f"profile {name} {what}:\n" + "\n".join(table.splitlines()[:16]), flush=True)
         print(
             f"profile backend={name} pass={what} "

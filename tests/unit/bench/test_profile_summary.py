@@ -50,6 +50,8 @@ def test_summary_of_a_pass_that_waits_on_the_device() -> None:
         host("cudaStreamSynchronize", 100, 400),
         host("cudaMemcpyAsync", 410, 415),  # asynchronous: not a sync by itself
         host("cudaMemcpy", 500, 520),
+        host("cudaMalloc", 530, 540),
+        host("cudaFree", 540, 545),
         gpu("ampere_bf16_gemm", 12, 212),
         gpu("flash_fwd_kernel", 150, 250),  # overlaps the gemm: 212-250 counts once
         gpu("Memcpy HtoD (Pageable -> Device)", 415, 425),
@@ -64,6 +66,7 @@ def test_summary_of_a_pass_that_waits_on_the_device() -> None:
     assert out["syncs"] == 2  # the stream synchronize and the synchronous copy
     assert out["sync_wait_s"] == round(320 / 1e6, 4)
     assert out["pageable_copies"] == 2
+    assert out["mallocs"] == 2
     assert out["wall_s"] == 1e-3 and out["plain_s"] == 0.5e-3
 
 
