@@ -36,8 +36,10 @@ from inference.batch import RunningBatch, prefill
 from inference.config import TorchEngineConfig
 from inference.memory import MemoryState
 from inference.prefix_cache import PrefixCache
+from inference.prompts import check_prompt, check_prompt_text, eos_token_ids
 from inference.requests import CommandResult, GenerateOutput, Request
-from inference.sampling import SamplingParams, check_text, make_generator, sample_batch
+from inference.sampling import SamplingParams, make_generator, sample_batch
+from inference.stopping import final_output, finish_reason
 from inference.tensor_update import TensorUpdates
 from searchr1.weightsync.handover import Handover
 from searchr1.weightsync.protocol import Bucket, GroupJoin
@@ -74,10 +76,6 @@ PREFIX_CACHE_TOKENS = Gauge(
 
 PAUSE_MODES = ("abort", "in_place", "retract")
 
-# `text` longer than this many characters per context token is refused before tokenizing: it
-# cannot fit (English averages ~4 characters a token); send `input_ids` for anything exotic.
-MAX_TEXT_CHARS_PER_TOKEN = 16
-
 
 class EngineOverloaded(Exception):
     """The waiting queue is full (HTTP 429)."""
@@ -105,7 +103,7 @@ class TorchEngine:
         self.context_length = int(
             self.cfg.context_length or getattr(mcfg, "max_position_embeddings", 4096)
         )
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         # `text` prompts are tokenized here, never on the event loop (a long one takes seconds);
         # one thread, so tokenizing cannot take more than one core from the scheduler.
         self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="engine-tokenizer")
@@ -149,7 +147,9 @@ class TorchEngine:
         try:
             params.validate()
             ids = await self._prompt_ids(input_ids, text)
-            self._validate(ids, params)
+            check_prompt(
+                ids, params, context_length=self.context_length, vocab_size=self.vocab_size
+            )
         except ValueError as e:
             REJECTED.labels("bad_request").inc()
             log.info("generate rejected", extra={"reason": str(e)})
@@ -401,49 +401,10 @@ class TorchEngine:
         if input_ids is None:
             if text is None:
                 raise ValueError("input_ids (or text) is required")
-            limit = self.context_length * MAX_TEXT_CHARS_PER_TOKEN
-            if len(text) > limit:
-                raise ValueError(
-                    f"text: {len(text)} characters, at most {limit} "
-                    f"({MAX_TEXT_CHARS_PER_TOKEN} per token of the context length)"
-                )
-            check_text("text", text)  # the tokenizer raises TypeError on a lone surrogate
+            check_prompt_text(text, self.context_length)
             pool, encode = self._tokenizer_pool, self.tokenizer.encode
             input_ids = await asyncio.get_running_loop().run_in_executor(pool, encode, text)
         return [int(t) for t in input_ids]
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("input_ids is empty")
-        # Like SGLang: the prompt plus the whole output budget must fit in the context (SGLang
-        # answers 400 unless it runs with --allow-auto-truncate); the orchestrator asks for at
-        # most what fits. Checked before the per-id scan, which a huge prompt would make long.
-        if len(ids) >= self.context_length:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) leaves no room in the context length "
-                f"{self.context_length}"
-            )
-        if len(ids) + params.max_new_tokens > self.context_length:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + sampling_params.max_new_tokens "
-                f"({params.max_new_tokens}) exceeds the context length {self.context_length}"
-            )
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids: token ids out of range [0, {self.vocab_size}): {bad[:5]}")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"sampling_params.stop_token_ids out of range: {bad[:5]}")
-
-    def _eos_ids(self) -> set[int]:
-        ids: set[int] = set()
-        gen = getattr(self.model, "generation_config", None)
-        for src in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
-            if isinstance(src, int):
-                ids.add(src)
-            elif isinstance(src, list):
-                ids.update(int(x) for x in src)
-        return ids
 
     def _set_version(self, version: int | None) -> int:
         if version is not None and version != self.weight_version:
@@ -568,41 +529,19 @@ class TorchEngine:
             RUNNING.set(len(self._running))
 
     def _finish_reason(self, req: Request, token: int) -> dict[str, Any] | None:
-        p = req.params
-        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            return {"type": "stop", "matched": token}
-        if p.stop:
-            # Only the tail can hold a new match (an older one would have stopped us already);
-            # every token is at least one byte, so this window covers any stop string that
-            # ends in the newest token, and each step costs O(1) instead of O(output).
-            window = max(len(s.encode()) for s in p.stop) + 8
-            tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
-            for s in p.stop:
-                if s in tail:
-                    return {"type": "stop", "matched": s}
-        if len(req.output_ids) >= p.max_new_tokens:
-            return {"type": "length", "length": len(req.output_ids)}
-        if len(req.input_ids) + len(req.output_ids) >= self.context_length:
-            return {"type": "length", "length": len(req.output_ids)}
-        return None
+        return finish_reason(
+            req,
+            token,
+            eos_ids=self.eos_ids,
+            context_length=self.context_length,
+            decode=self.tokenizer.decode,
+        )
 
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
-        p = req.params
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=p.skip_special_tokens)
-        matched = reason.get("matched")
-        if isinstance(matched, str) and not p.no_stop_trim:
-            text = text[: text.find(matched)] if matched in text else text
         GEN_REQUESTS.labels(reason["type"]).inc()
         req.resolve(
-            GenerateOutput(
-                text=text,
-                output_ids=list(req.output_ids),
-                logprobs=list(req.logprobs),
-                finish_reason=reason,
-                prompt_tokens=len(req.input_ids),
-                weight_version=self.weight_version,
-                version_events=list(req.version_events),
-                cached_tokens=req.cached_tokens,
+            final_output(
+                req, reason, decode=self.tokenizer.decode, weight_version=self.weight_version
             )
         )
 
