@@ -32,6 +32,7 @@ from inference.sampling import (
 from inference.tensor_update import parse_handover
 from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
 from searchr1.weightsync.protocol import Bucket, GroupDestroy, GroupJoin
+from searchr1.weightsync.receiver import GroupAlreadyFreed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,7 +138,9 @@ def _version(v: str | None) -> int | None:
 
 
 def _fail(e: Exception, status: int = 400) -> JSONResponse:
-    log.warning("admin request failed", extra={"error": str(e), "status": status})
+    # A destroy of a group this engine freed at a newer join ends every takeover: not a fault.
+    level = logging.DEBUG if isinstance(e, GroupAlreadyFreed) else logging.WARNING
+    log.log(level, "admin request failed", extra={"error": str(e), "status": status})
     return JSONResponse({"success": False, "message": str(e)}, status_code=status)
 
 

@@ -17,6 +17,7 @@ weights whole, never a mix.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new
 from searchr1.weightsync.protocol import Bucket, GroupJoin
 
 log = logging.getLogger(__name__)
+
+
+class GroupAlreadyFreed(ValueError):
+    """A destroy for a group this engine freed itself when a newer one joined: the answer is
+    SGLang's "does not exist", but it is the expected end of every takeover, not a fault."""
+
 
 WEIGHT_UPDATES = Counter(
     "searchr1_inference_weight_updates_total", "Weight updates", ["source", "outcome"]
@@ -47,6 +54,8 @@ class WeightLoader:
         self.model = model
         self.timeout_s = timeout_s
         self.groups: dict[str, Any] = {}
+        # Names of groups a newer join freed (bounded: one per takeover).
+        self.superseded: deque[str] = deque(maxlen=64)
         self.session: UpdateSession | None = None
 
     def _params(self) -> dict[str, torch.Tensor]:
@@ -115,13 +124,18 @@ class WeightLoader:
         # One trainer pushes at a time and names each connection's group afresh: the groups
         # of earlier connections are dead, and kept they would pile up (sockets, communicators).
         # Freed only once the new one is joined, so a failed join keeps a working group.
-        for stale in self.groups.values():
+        for name, stale in self.groups.items():
             destroy_weight_group(stale)
+            self.superseded.append(name)
         self.groups = {group_name: group}
         log.info("joined weight update group", extra={"group": group_name, "rank": rank_offset})
 
     def destroy_group(self, group_name: str) -> None:
         group = self.groups.pop(group_name, None)
+        if group is None and group_name in self.superseded:
+            # The sender frees its old groups once its new one is joined; this engine freed
+            # them at that join already. SGLang's answer, but an expected one (logged quietly).
+            raise GroupAlreadyFreed("The group to be destroyed does not exist.")
         if group is None:
             raise ValueError("The group to be destroyed does not exist.")  # SGLang's words
         destroy_weight_group(group)
