@@ -53,7 +53,7 @@ SMOKE: dict[str, tuple[list[str], int]] = {
     "trainer": (["--samples", "4", "--budget", "256", "--hidden", "32", "--layers", "1",
                  "--vocab", "256", "--repeats", "1"], 120),
     "trainer_step": (["--shape", "tiny", "--samples", "4", "--budget", "256", "--repeats", "1",
-                      "--device", "cpu"], 120),
+                      "--device", "cpu", "--profile", TMP], 120),
 }  # fmt: skip
 # Run by test_demo_benches_smoke, one feeding the other.
 DEMO = {"demo_seeds", "demo_runs"}
@@ -66,6 +66,7 @@ HELPERS = {
     "retriever_load": "bench/retriever.py's load generator (no main)",
     "sim_services": "the simulated engine and retriever servers the scale benches start",
     "searchr1_reference": "Search-R1's own retrieval server, for bench/retriever.py side by side",
+    "profile_summary": "bench/trainer_step.py --profile's reduction of a profile (no main)",
 }
 
 
