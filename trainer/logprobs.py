@@ -161,8 +161,9 @@ def head_token_stats(
 def to_host(values: list[torch.Tensor]) -> list[torch.Tensor]:
     """`values` (a pass's per-micro-batch logprobs) on the CPU, in one device-to-host copy
     after the pass: a copy per micro-batch would make the host wait for each micro-batch's
-    forward before it could queue the next one's kernels."""
+    forward before it could queue the next one's kernels. Each result owns its memory: a
+    view would carry the whole pass when pickled (pipeline stages broadcast these)."""
     if not values:
         return []
     flat = torch.cat([v.reshape(-1) for v in values]).cpu()
-    return list(flat.split([v.numel() for v in values]))
+    return [part.clone() for part in flat.split([v.numel() for v in values])]

@@ -142,7 +142,8 @@ def sequence_logprobs(
         if not mb.samples:  # a rank's dummy micro-batch (it ran out of samples)
             continue
         # A micro-batch's tokens run sample by sample (MicroBatch.sample_index is sorted).
-        parts = logp.split([sequences[i].response_len for i in mb.samples])
+        # Cloned: pickled for the all-gather, a view would carry its whole storage.
+        parts = [p.clone() for p in logp.split([sequences[i].response_len for i in mb.samples])]
         local.update(zip(mb.samples, parts, strict=True))
     merged: dict[int, torch.Tensor] = {}
     for part in backend.all_gather_dp(local):

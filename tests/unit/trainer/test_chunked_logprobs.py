@@ -148,4 +148,6 @@ def test_to_host_returns_each_micro_batch_in_order() -> None:
     got = to_host(parts)
     assert [p.tolist() for p in got] == [[1.0, 2.0], [], [3.0, 4.0]]
     assert all(p.device.type == "cpu" for p in got)
+    # each its own storage: pickled (a pipeline stage's broadcast), a view carries them all
+    assert [p.untyped_storage().nbytes() for p in got] == [8, 0, 8]
     assert to_host([]) == []

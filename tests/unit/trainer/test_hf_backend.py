@@ -204,3 +204,29 @@ def test_old_and_ref_logprobs_ignore_dropout_after_a_step(policy: Policy) -> Non
     attn.register_forward_pre_hook(lambda m, args: modes.append(m.training))
     train_on(trajs, backend, cfg)
     assert modes == [False, True]
+
+
+def test_logprobs_sent_to_other_ranks_carry_only_their_own_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank all-gathers its sequences' logprobs by pickling them. A view pickles its
+    whole storage, so per-sequence views of a micro-batch's (or a pass's) logprobs sent
+    every sequence the storage of all of them: O(sequences x tokens) bytes per rank."""
+    import pickle
+
+    cfg = config(max_tokens_per_microbatch=4096)
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    seqs, _, _ = build_sequences(make_batch(2, 4), cfg)
+    sent: list[object] = []
+
+    def gather(obj: object) -> list[object]:
+        sent.append(obj)
+        return [obj]
+
+    monkeypatch.setattr(backend, "all_gather_dp", gather)
+    got = sequence_logprobs(seqs, backend, Policy.CURRENT, cfg)
+    (local,) = sent
+    tokens = sum(s.response_len for s in seqs)
+    assert sum(t.numel() for t in got) == tokens
+    own = {i: t.clone() for i, t in local.items()}  # type: ignore[attr-defined]
+    assert len(pickle.dumps(local)) == len(pickle.dumps(own))
