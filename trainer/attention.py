@@ -172,6 +172,7 @@ def packed_causal_attention(
     On CUDA in bf16/fp16 one FlashAttention varlen call over all sequences; elsewhere (CPU,
     fp32, dropout) `scaled_dot_product_attention` per sequence, on the flash kernel on CUDA.
     Pass `PackedBounds` where many layers share the bounds."""
+    query, key, value = _in_autocast_dtype(query, key, value)
     if flash_varlen_applies(query, dropout):
         kernel, causal, takes_gqa = _flash_varlen()  # type: ignore[misc]
         bounds = (
@@ -199,6 +200,19 @@ def packed_causal_attention(
         )
     host = cu_seqlens.host if isinstance(cu_seqlens, PackedBounds) else cu_seqlens
     return per_sequence_attention(query, key, value, host, scale=scale, dropout=dropout)
+
+
+def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`tensors` in the autocast dtype where autocast is on for their device, as
+    `scaled_dot_product_attention` would cast them. Under autocast over fp32 weights (the HF
+    backend) the rotary embedding, computed from the fp32 residual stream, promotes q and k to
+    fp32 while v stays 16-bit: left so, the one-call kernel (16-bit only) would be refused and
+    every layer would fall back to a call per sequence."""
+    kind = tensors[0].device.type
+    if not torch.is_autocast_enabled(kind):
+        return tensors
+    dtype = torch.get_autocast_dtype(kind)
+    return tuple(t.to(dtype) for t in tensors)
 
 
 def per_sequence_attention(

@@ -65,3 +65,36 @@ def test_chunked_logprobs_equal_the_full_logits_on_cuda(dtype: torch.dtype) -> N
     torch.testing.assert_close(ent, ref_ent, atol=tol, rtol=tol)
     torch.testing.assert_close(hidden.grad, ref_gh, atol=tol, rtol=tol)
     torch.testing.assert_close(weight.grad, ref_gw, atol=tol, rtol=tol)
+
+
+def test_hf_backend_in_bf16_takes_the_one_call_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HF backend on one GPU (fp32 weights under bf16 autocast) reaches the varlen kernel
+    in every layer, in training and in the logprob passes (its q and k came out of the rotary
+    embedding in fp32, and the per-sequence fallback served every layer)."""
+    import trainer.attention as attention
+    from tests.unit.trainer.conftest import make_batch, tiny_qwen2
+    from trainer.backend import Policy
+    from trainer.backends.hf import HFBackend
+    from trainer.config import TrainerConfig
+    from trainer.dist import DistInfo
+    from trainer.losses import LossTerms
+    from trainer.step import build_sequences, rank_microbatches
+
+    taken: list[bool] = []
+    applies = attention.flash_varlen_applies
+
+    def spy(query: torch.Tensor, dropout: float) -> bool:
+        taken.append(applies(query, dropout))
+        return taken[-1]
+
+    monkeypatch.setattr(attention, "flash_varlen_applies", spy)
+    cfg = TrainerConfig(model={"dtype": "bfloat16", "device": "cuda"})
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    backend = HFBackend(tiny_qwen2(), cfg, info)
+    seqs = build_sequences(make_batch(2, 4), cfg)[0]
+    mbs = rank_microbatches(seqs, backend, cfg)
+    backend.logprobs(mbs, Policy.CURRENT)
+    backend.forward_backward(
+        mbs, lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
+    )
+    assert taken and all(taken), f"{taken.count(False)} of {len(taken)} calls fell back"

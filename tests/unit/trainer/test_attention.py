@@ -109,6 +109,7 @@ class _RecordingKernel:
     def __init__(self) -> None:
         self.calls: list[dict[str, object]] = []
         self.bounds: list[torch.Tensor] = []  # the device bounds of each call (kept alive)
+        self.dtypes: set[tuple[torch.dtype, ...]] = set()
 
     def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):  # type: ignore[no-untyped-def]
         import trainer.attention as attention
@@ -117,6 +118,7 @@ class _RecordingKernel:
         assert window_size == (-1, 0) and enable_gqa == (q.shape[1] != k.shape[1])
         self.calls.append({"tokens": q.shape[0], "sequences": cu_q.numel() - 1, "max": max_q})
         self.bounds.append(cu_q)
+        self.dtypes.add((q.dtype, k.dtype, v.dtype))
         return attention.per_sequence_attention(q, k, v, cu_q.to(torch.int64), scale=scale)
 
 
@@ -162,6 +164,24 @@ def test_hf_packed_row_is_one_kernel_call_per_layer(recording_kernel: _Recording
     torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=0)
     # One device copy of the bounds for the whole forward, not one per layer.
     assert all(b is recording_kernel.bounds[0] for b in recording_kernel.bounds)
+
+
+def test_hf_under_autocast_reaches_the_kernel_in_the_compute_dtype(
+    recording_kernel: _RecordingKernel,
+) -> None:
+    """Under bf16 autocast (the HF backend on a GPU) the rotary embedding, computed from the
+    fp32 residual stream, turned the bf16 q and k into fp32 while v stayed bf16: the one-call
+    kernel refuses fp32, so every HF layer fell back to one attention call per sequence."""
+    from trainer.losses import LossTerms
+
+    mb = _packed_batch()
+    cfg = TrainerConfig(model=ModelConfig(dtype="bfloat16"))
+    backend = HFBackend(tiny_qwen2(), cfg, CPU)
+    backend.logprobs([mb], policy=fallback_policy())
+    backend.forward_backward(
+        [mb], lambda m, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
+    )
+    assert recording_kernel.dtypes == {(torch.bfloat16,) * 3}
 
 
 def fallback_policy():  # type: ignore[no-untyped-def]
