@@ -47,7 +47,7 @@ class _HeadStats(torch.autograd.Function):
         w = weight.to(compute_dtype)
         ids = torch.arange(vocab_start, vocab_start + local, device=hidden.device)
         pad = ids >= vocab_size  # TP padding rows of the vocabulary
-        has_pad = bool(pad.any())
+        has_pad = vocab_start + local > vocab_size  # from the ints: no device sync
         local_t = targets - vocab_start
         mine = (local_t >= 0) & (local_t < local)
         local_t = local_t.clamp(0, local - 1)
@@ -96,7 +96,7 @@ class _HeadStats(torch.autograd.Function):
         w = weight.to(compute_dtype)
         ids = torch.arange(vocab_start, vocab_start + local, device=hidden.device)
         pad = ids >= vocab_size
-        has_pad = bool(pad.any())
+        has_pad = vocab_start + local > vocab_size
         local_t = targets - vocab_start
         mine = (local_t >= 0) & (local_t < local)
         local_t = local_t.clamp(0, local - 1)

@@ -98,3 +98,29 @@ def test_hf_backend_in_bf16_takes_the_one_call_kernel(monkeypatch: pytest.Monkey
         mbs, lambda mb, lp, ent: LossTerms(loss=lp.sum(), metrics={}), entropy_grad=False
     )
     assert taken and all(taken), f"{taken.count(False)} of {len(taken)} calls fell back"
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "tp-padded"])
+def test_chunked_logprobs_never_wait_on_the_gpu(padded: bool) -> None:
+    """The head runs between the decoder's forward and backward: a device-to-host read there
+    (it asked the GPU whether the vocabulary had padding rows) drained the queue every
+    micro-batch, in the forward and again in the backward."""
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    n, h, vocab = 2048, 256, 32000
+    hidden = torch.randn(n, h, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    rows = vocab + 128 if padded else vocab
+    weight = (torch.randn(rows, h, device=dev, dtype=torch.bfloat16) * 0.05).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), device=dev)
+    temps = torch.full((n,), 0.9, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lp, ent = head_token_stats(
+            hidden, weight, targets, temps, chunk=512, compute_dtype=torch.bfloat16,
+            vocab_size=vocab,
+        )  # fmt: skip
+        (lp.sum() + ent.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert hidden.grad is not None and weight.grad is not None
