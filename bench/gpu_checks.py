@@ -56,19 +56,6 @@ def checks(smoke: bool, out: Path) -> list[Check]:
             "the GPU, torch, and whether PyTorch's varlen attention kernel is there",
         ),
         Check(
-            "trainer_step",
-            [*step, "--repeats", "2"],
-            300,
-            "one GRPO step of Qwen2.5-3B at slime's batch, both backends, MFU (issue 31)",
-        ),
-        Check(
-            "trainer_step_baseline",
-            [*step, "--repeats", "1", *BEFORE_ISSUE_31],
-            200,
-            "the step as before issue 31 (per-sequence attention, full logits, full recompute, "
-            "4,096-token micro-batches), on the same card",
-        ),
-        Check(
             "trainer_profile",
             [*step, "--repeats", "1", "--profile", str(out)],
             220,
@@ -83,12 +70,6 @@ def checks(smoke: bool, out: Path) -> list[Check]:
             "less; loss.old_logprobs: forward)",
         ),
         Check(
-            "logprobs_memory",
-            [*py, "bench/logprobs.py", *(small if smoke else []), "--device", dev[1]],
-            90,
-            "peak memory of logprobs + entropy: full logits vs chunks",
-        ),
-        Check(
             "tests_gpu",
             # -n 3 (pytest-xdist, in the GPU image): the Megatron checks are torchrun launches
             # (~30 s each, free ports each); -rP: the passed tests' printed differences.
@@ -97,10 +78,29 @@ def checks(smoke: bool, out: Path) -> list[Check]:
             "parity on CUDA: varlen vs per-sequence, chunked logprobs, Megatron vs HF fp32/bf16",
         ),
         Check(
+            "trainer_step",
+            [*step, "--repeats", "2"],
+            300,
+            "one GRPO step of Qwen2.5-3B at slime's batch, both backends, MFU (issue 31)",
+        ),
+        Check(
+            "trainer_step_baseline",
+            [*step, "--repeats", "1", *BEFORE_ISSUE_31],
+            200,
+            "the step as before issue 31 (per-sequence attention, full logits, full recompute, "
+            "4,096-token micro-batches), on the same card",
+        ),
+        Check(
             "engine",
             [*py, "bench/inference.py", "--skip-weights", "--requests", "32", *dev],
             90,
             "the reference engine generating on the GPU",
+        ),
+        Check(
+            "logprobs_memory",
+            [*py, "bench/logprobs.py", *(small if smoke else []), "--device", dev[1]],
+            90,
+            "peak memory of logprobs + entropy: full logits vs chunks",
         ),
         Check(
             "handover",
