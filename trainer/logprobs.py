@@ -29,6 +29,19 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None, op: dist.Reduc
         dist.all_reduce(x, op=op, group=group)
 
 
+def _vocab_slice(
+    targets: torch.Tensor, vocab_start: int, local: int, vocab_size: int
+) -> tuple[torch.Tensor, bool, torch.Tensor, torch.Tensor]:
+    """For this rank's `local` vocabulary rows from `vocab_start`: the TP padding rows (and
+    whether there are any, from the ints: no device sync), each target's row in the slice
+    (clamped) and whether the slice holds it."""
+    ids = torch.arange(vocab_start, vocab_start + local, device=targets.device)
+    pad = ids >= vocab_size
+    local_t = targets - vocab_start
+    mine = (local_t >= 0) & (local_t < local)
+    return pad, vocab_start + local > vocab_size, local_t.clamp(0, local - 1), mine
+
+
 class _HeadStats(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -45,12 +58,7 @@ class _HeadStats(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, local = hidden.shape[0], weight.shape[0]
         w = weight.to(compute_dtype)
-        ids = torch.arange(vocab_start, vocab_start + local, device=hidden.device)
-        pad = ids >= vocab_size  # TP padding rows of the vocabulary
-        has_pad = vocab_start + local > vocab_size  # from the ints: no device sync
-        local_t = targets - vocab_start
-        mine = (local_t >= 0) & (local_t < local)
-        local_t = local_t.clamp(0, local - 1)
+        pad, has_pad, local_t, mine = _vocab_slice(targets, vocab_start, local, vocab_size)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.empty_like(logp)
         lse = torch.empty_like(logp)
@@ -94,12 +102,7 @@ class _HeadStats(torch.autograd.Function):
             return (None, None, *nones)
         n, local = hidden.shape[0], weight.shape[0]
         w = weight.to(compute_dtype)
-        ids = torch.arange(vocab_start, vocab_start + local, device=hidden.device)
-        pad = ids >= vocab_size
-        has_pad = vocab_start + local > vocab_size
-        local_t = targets - vocab_start
-        mine = (local_t >= 0) & (local_t < local)
-        local_t = local_t.clamp(0, local - 1)
+        pad, has_pad, local_t, mine = _vocab_slice(targets, vocab_start, local, vocab_size)
         grad_h = torch.empty(hidden.shape, dtype=compute_dtype, device=hidden.device)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for s in range(0, n, chunk):
