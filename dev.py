@@ -49,7 +49,7 @@ TORCH_CPU_INDEX = os.environ.get("SEARCHR1_TORCH_INDEX", "https://download.pytor
 # build. It is resolved for one platform, the one dev.py and the CPU images run on; elsewhere
 # setup falls back to the unlocked ranges. `python3 dev.py lock` refreshes it with uv.
 LOCK = ROOT / "requirements.lock"
-LOCK_EXTRAS = ("dev", "megatron")
+LOCK_EXTRAS = ("dev", "megatron", "envs")
 LOCK_PYTHON = "3.11"
 LOCK_PLATFORM = "x86_64-manylinux_2_28"  # uv's name: x86_64 Linux, glibc >= 2.28
 TORCH_LOCK_PIN = TORCH_PIN + "+cpu"
