@@ -27,7 +27,13 @@ from orchestrator.evaluate import format_table
 from orchestrator.hooks import HookError, load_hook
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
-from orchestrator.wiring import evaluate_served, serve
+from orchestrator.wiring import (
+    configured_task,
+    evaluate_served,
+    serve,
+    training_prompts,
+    validation_prompts,
+)
 from searchr1.cli_common import ConfigOption, add_show_config, start_service
 
 app = typer.Typer(
@@ -92,14 +98,14 @@ def run(
         orch.data.train_path = str(data)
     if not cfg.redis.url:
         raise _fail("redis.url is not set (SEARCHR1_REDIS__URL)")
-    if not orch.data.train_path:
-        raise _fail("orchestrator.data.train_path is not set (or pass --data)")
+    if not orch.data.train_path and orch.task is None:
+        raise _fail("orchestrator.data.train_path is not set (or pass --data, or set a task)")
     try:  # everything that can be checked without the other services fails here, not later
-        Scorer(orch.reward)
-        prompts = load_prompts(orch.data.train_path, orch.data.max_prompts)
+        task = configured_task(orch)
+        Scorer(orch.reward, scored_by_task=task is not None and task.loop_tools is None)
+        prompts = training_prompts(orch, task)
         check_enough_data(cfg, prompts)
-        if orch.data.val_path:
-            load_prompts(orch.data.val_path)
+        validation_prompts(orch, task)
         if orch.rollout.custom_generate:
             load_hook(
                 orch.rollout.custom_generate,
@@ -141,7 +147,10 @@ def prepare(
 
 
 def eval_command(
-    data: Annotated[Path, typer.Option(help="Rows to evaluate (parquet or JSONL).")],
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Rows to evaluate (parquet or JSONL); default: the task's eval rows."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N rows.")] = None,
     concurrency: Annotated[int, typer.Option(min=1)] = 64,
@@ -155,8 +164,13 @@ def eval_command(
     cfg = start_service("orchestrator", OrchestratorSettings, config)
     orch = cfg.orchestrator
     try:
-        prompts = load_prompts(data, limit)
-    except DataError as e:
+        if data is not None:
+            prompts = load_prompts(data, limit)
+        elif (task := configured_task(orch)) is not None:
+            prompts = task.rows("eval")[:limit] if limit else task.rows("eval")
+        else:
+            raise DataError("--data is required (or set orchestrator.task)")
+    except (DataError, HookError) as e:
         raise _fail(str(e)) from None
     if subset:  # the same prompts every time, so evaluation curves are comparable
         prompts = validation_subset(prompts, orch.data.val_size, orch.data.seed)

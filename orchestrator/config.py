@@ -146,6 +146,37 @@ class ToolConfig(Section):
         return self
 
 
+class TaskConfig(Section):
+    """`orchestrator.task`: the environment to train on (orchestrator/tasks/, docs/tasks.md).
+
+    Unset, the orchestrator runs today's Search-R1 loop over `data` and `rollout.tools`. Set, the
+    task supplies the rows (train and eval), the first messages, the environment's turns and
+    the rubric; the rollout's limits (turns, tokens) still apply."""
+
+    name: str = Field(
+        min_length=1,
+        description="A built-in task (`searchr1 task list`) or a dotted path `pkg.mod:MyTask` "
+        "(a Task subclass, or a function of the options returning a Task).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the task: its data, sizes, seeds."
+    )
+    step_timeout_s: float = Field(
+        default=30.0, gt=0, description="Deadline of one environment turn."
+    )
+    max_concurrency: int = Field(
+        default=256, ge=1, description="Environment turns in flight at once."
+    )
+    breaker_failures: int = Field(
+        default=5,
+        ge=1,
+        description="Environment turns failed in a row that open the breaker (turns then wait "
+        "breaker_probe_s before the next try instead of failing one after another).",
+    )
+    breaker_probe_s: float = Field(default=2.0, gt=0)
+    breaker_max_wait_s: float = Field(default=60.0, gt=0)
+
+
 class ShapedScores(Section):
     """The v0.3 shaped reward table (spec section 4); configurable, defaults are the paper's.
     `RewardConfig` extends it, so the config section carries the table's fields as they are."""
@@ -350,6 +381,11 @@ class OrchestratorConfig(Section):
     search: SearchConfig = Field(default_factory=SearchConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout_log: RolloutLogConfig = Field(default_factory=RolloutLogConfig)
+    task: TaskConfig | None = Field(
+        default=None,
+        description="The task (environment) to train on; unset: Search-R1 over data and "
+        "rollout.tools. See docs/tasks.md.",
+    )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)  # several processes
     ui: bool = Field(
         default=False, description="Serve the run inspector at /ui (over rollout_log.run_dir)."
@@ -361,8 +397,8 @@ class OrchestratorConfig(Section):
             raise ValueError("ui needs rollout_log.run_dir (the run directory it shows)")
         if self.rollout.max_tokens_per_turn > self.rollout.max_response_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_response_tokens")
-        if self.eval_every_steps is not None and not self.data.val_path:
-            raise ValueError("eval_every_steps needs data.val_path (the validation rows)")
+        if self.eval_every_steps is not None and not self.data.val_path and self.task is None:
+            raise ValueError("eval_every_steps needs data.val_path (the validation rows) or a task")
         return self
 
 

@@ -29,7 +29,7 @@ async def evaluate(
 ) -> dict[str, Any]:
     """One greedy sample per prompt; scores are means per data source plus the overall mean.
     With a rollout log, every sample is logged under `label` (the inspector's compare page)."""
-    scorer = Scorer(cfg.reward)
+    scorer = Scorer(cfg.reward, scored_by_task=rollout.env is not None)
     sem = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
 
@@ -61,6 +61,7 @@ def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:
     def means(group: list[Sample]) -> dict[str, float]:
         n = len(group)
         out = {m: sum(s.reward_components.get(m, 0.0) for s in group) / n for m in METRICS}
+        out["reward"] = sum(s.reward for s in group) / n
         out["n"] = n
         out["searches_mean"] = sum(t.action == "search" for s in group for t in s.turns) / n
         out["response_tokens_mean"] = sum(len(s.response_ids) for s in group) / n

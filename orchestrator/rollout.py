@@ -16,6 +16,11 @@ Action formats (`rollout.action_format`): `search_r1`, the tags above (one tool,
 `function_calling`, the chat template's `<tool_call>` format over any tools
 (orchestrator/tools/function_calling.py). The tools run behind their runners
 (orchestrator/tools/runner.py): deadlines, retries, the breaker, metrics per tool.
+
+A task whose environment answers every turn (`env`, orchestrator/env_turns.py) takes the place
+of the tools: each model message goes to the sample's episode, whose answer is appended as the
+chat template renders it; the episode says when the sample is done, and the task's rubric
+scores it when it ends.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 from inference.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
 from orchestrator.config import ActionFormat, RolloutConfig, RoutingKey, TurnSemantics
+from orchestrator.env_turns import EnvTurns
 from orchestrator.hooks import load_hook
 from orchestrator.observation import (
     Observation,
@@ -87,25 +93,30 @@ class Rollout:
         engine_retry_s: float = 600.0,
         greedy: bool = False,
         context_length: int | None = None,
+        env: EnvTurns | None = None,
     ) -> None:
         self.cfg = cfg
         # The engine's context (prompt + output): SGLang rejects a request that could exceed
         # it, so each turn asks for at most what still fits.
         self.context_length = context_length
         self.generator = generator
+        self.env = env
         if isinstance(tools, SearchTool):  # Search-R1's one tool
             limits = Limits.of(tools.cfg)
             tools = Toolbox([entry(tools, limits, tools.cfg.failure_observation)])
         self.tools = tools
         tool = tools.get("search")
         self.search_tool: SearchTool | None = tool if isinstance(tool, SearchTool) else None
-        self.function_calling = cfg.action_format == ActionFormat.FUNCTION_CALLING
-        if not self.function_calling and self.search_tool is None:
+        self.function_calling = env is None and cfg.action_format == ActionFormat.FUNCTION_CALLING
+        if env is None and not self.function_calling and self.search_tool is None:
             raise ValueError("rollout.action_format search_r1 needs the search tool")
         # What the engine stops on: rollout.stop if set; function calling's default is none
-        # (the engine stops at the end-of-turn token, which the template's rendering needs).
+        # (the engine stops at the end-of-turn token, which the template's rendering needs);
+        # a task's environment: the task's stop strings, else none.
         fc_default = self.function_calling and "stop" not in cfg.model_fields_set
         self.stop: list[str] = [] if fc_default else list(cfg.stop)
+        if env is not None:
+            self.stop = list(env.task.stop or [])
         self.tool_turns = ToolTurns(tokenizer, tools.schemas()) if self.function_calling else None
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self.tokenizer = tokenizer
@@ -132,6 +143,8 @@ class Rollout:
         """The prompt's ids as this rollout's format renders them (function calling: with the
         tools passed to the chat template)."""
         tools = self.tools.schemas() if self.function_calling else None
+        if self.env is not None:
+            tools = self.env.prompt_tools()
         return prompt_token_ids(self.tokenizer, messages, tools=tools)
 
     def _tool_prompt_ids(self, sample: Sample) -> list[int]:
@@ -163,6 +176,11 @@ class Rollout:
             if not _engine_bad_request(e):  # 4xx: e.g. a prompt beyond the context length
                 raise
             sample.status, sample.error = Status.ERROR, f"engine rejected the request: {e}"
+        finally:
+            if self.env is not None:  # the rubric scores the sample; the episode is closed
+                start = time.perf_counter()
+                await self.env.finish(sample)
+                sample.reward_s = time.perf_counter() - start
         if sample.status is None:
             sample.status = Status.MAX_TURNS
         sample.finished_at = time.time()
@@ -215,6 +233,8 @@ class Rollout:
         if result.finish_reason == "abort":
             sample.status, sample.error = Status.ABORTED, "engine aborted the request"
             return True
+        if self.env is not None:
+            return await self._env_step(sample, turn, text, result, max_new, room)
         if self.function_calling:
             return await self._function_calling_step(sample, turn, text, result, max_new, room)
         action, content = parse_action(text)
@@ -372,6 +392,42 @@ class Rollout:
             sample.status = stop
             return True
         return self._observe(sample, turn, await self.tool_observation(sample, turn, text, calls))
+
+    async def _env_step(
+        self,
+        sample: Sample,
+        turn: TurnRecord,
+        text: str,
+        result: Any,
+        max_new: int,
+        room: int | None,
+    ) -> bool:
+        """The rest of `step` with a task's environment: the message goes to the episode, whose
+        answer is appended unless the episode (or a limit) ends the sample here."""
+        assert self.env is not None
+        turn.action = "env"
+        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
+            sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
+            return True
+        out = await self.env.step(sample, text)
+        turn.tool_latency_s, turn.tool_attempts = out.latency_s, out.attempts
+        sample.tool_s += out.latency_s
+        if out.value is None:
+            turn.error = out.error or "no answer"
+            sample.status = Status.ERROR
+            sample.error = f"environment {self.env.task.name!r}: {turn.error}"
+            sample.infrastructure_failure = True
+            return True
+        answer = out.value
+        turn.reward = float(answer.reward)
+        if answer.done:
+            sample.status = Status.ANSWERED
+            return True
+        stop = self._stop_before_observing(sample, turn.index, result, max_new, room)
+        if stop is not None:
+            sample.status = stop
+            return True
+        return self._observe(sample, turn, self.env.observation(text, answer))
 
     async def _call(self, call: ParsedCall) -> CallOutcome:
         if call.error:  # malformed: the policy reads why

@@ -112,6 +112,7 @@ def trajectory_row(
             "engine_finish_reason": t.engine_finish_reason,
             "weight_version": t.weight_version,
             "cached_tokens": t.cached_tokens,
+            "reward": t.reward,
             "tool_calls": [
                 {
                     "name": c.name,

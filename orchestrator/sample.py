@@ -56,6 +56,7 @@ class TurnRecord:
     weight_version: int = 0
     cached_tokens: int = 0  # input tokens the engine served from its prefix cache
     tool_calls: list[ToolCallRecord] = field(default_factory=list)  # function calling
+    reward: float = 0.0  # a task's environment: its reward for this turn
 
 
 @dataclass

@@ -5,6 +5,9 @@ A per-sample function has the signature `fn(sample: Sample) -> float`; a group f
 GRPO group at once (slime's `--group-rm` crashes the search reward; here it is a first-class
 mode with a contract test). Rule components (em, sub_em, f1, format, retrieval, has_answer)
 are always computed and recorded, whatever function produces the scalar.
+
+A task whose environment answers every turn scores its samples itself, by its rubric, when
+each episode ends (orchestrator/env_turns.py): then this only checks the rewards are finite.
 """
 
 from __future__ import annotations
@@ -51,14 +54,22 @@ COMPONENTS = ("em", "sub_em", "f1", "format", "has_answer", "retrieval")
 class Scorer:
     """Scores finished groups in place: `sample.reward` and `sample.reward_components`."""
 
-    def __init__(self, cfg: RewardConfig) -> None:
+    def __init__(self, cfg: RewardConfig, *, scored_by_task: bool = False) -> None:
         self.cfg = cfg
-        if cfg.function in BUILTIN_REWARDS:
+        self.scored_by_task = scored_by_task
+        if scored_by_task:
+            if "function" in cfg.model_fields_set:
+                raise HookError(
+                    "reward.function: the task's rubric scores its samples (Task.score); "
+                    "leave reward.function unset"
+                )
+            self._fn: Callable[..., Any] = _builtins(cfg)["em"]
+        elif cfg.function in BUILTIN_REWARDS:
             if cfg.group:
                 raise HookError(
                     "reward.group: built-in reward functions score one sample; set group: false"
                 )
-            self._fn: Callable[..., Any] = _builtins(cfg)[cfg.function]
+            self._fn = _builtins(cfg)[cfg.function]
         else:
             if "." not in cfg.function and ":" not in cfg.function:
                 raise HookError(
@@ -72,6 +83,11 @@ class Scorer:
                 raise HookError(f"reward.weights: unknown components {sorted(unknown)}")
 
     async def score_group(self, group: list[Sample]) -> None:
+        if self.scored_by_task:
+            for s in group:
+                if not math.isfinite(s.reward):
+                    raise ValueError(f"the task's rubric gave {s.trajectory_id} reward {s.reward}")
+            return
         start = time.perf_counter()
         for s in group:
             s.reward_components = rewards.components(s.response_text, s.golds)

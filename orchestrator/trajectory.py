@@ -58,6 +58,7 @@ def to_trajectory(s: Sample) -> Trajectory:
                 engine_finish_reason=t.engine_finish_reason,
                 weight_version=t.weight_version,
                 cached_tokens=t.cached_tokens,
+                reward=t.reward,
                 tool_calls=[
                     ToolCall(
                         name=c.name,

@@ -17,6 +17,7 @@ from inference.client import InferenceClient
 from inference.pool import EnginePool
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
+from orchestrator.env_turns import EnvTurns, env_limits
 from orchestrator.evaluate import evaluate
 from orchestrator.loop import Orchestrator
 from orchestrator.markers import RunIdInUse
@@ -26,6 +27,8 @@ from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.search import SearchTool
 from orchestrator.server import LoopState, create_app
+from orchestrator.tasks.base import Task
+from orchestrator.tasks.registry import load_task, task_rows
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.toolbox import Toolbox
@@ -129,10 +132,48 @@ def load_tokenizer(path: str) -> Any:
     return rust_tokenizer(AutoTokenizer.from_pretrained(path))
 
 
+def configured_task(cfg: OrchestratorConfig) -> Task | None:
+    """`orchestrator.task`, built (None: Search-R1 over `data` and `rollout.tools`)."""
+    return load_task(cfg.task) if cfg.task is not None else None
+
+
+def training_prompts(cfg: OrchestratorConfig, task: Task | None) -> list[Prompt]:
+    """The train rows: the task's, else `data.train_path`'s (capped by `data.max_prompts`)."""
+    if task is not None:
+        return task_rows(task, "train", cfg.data.max_prompts)
+    if not cfg.data.train_path:
+        raise ValueError("orchestrator.data.train_path is not set (nor orchestrator.task)")
+    return load_prompts(cfg.data.train_path, cfg.data.max_prompts)
+
+
+def validation_prompts(cfg: OrchestratorConfig, task: Task | None) -> list[Prompt]:
+    """The fixed held-out subset: the task's eval rows, else `data.val_path`'s (or none)."""
+    if task is not None:
+        rows = task_rows(task, "eval")
+    else:
+        rows = load_prompts(cfg.data.val_path) if cfg.data.val_path else []
+    return validation_subset(rows, cfg.data.val_size, cfg.data.seed) if rows else []
+
+
+def rollout_settings(cfg: OrchestratorConfig, task: Task | None) -> OrchestratorConfig:
+    """`cfg` with a tool task's action format and tools in `rollout` (the task's win)."""
+    if task is None or task.loop_tools is None:
+        return cfg
+    rollout = cfg.rollout.model_copy(
+        update={"action_format": task.loop_tools.action_format, "tools": task.loop_tools.tools}
+    )
+    return cfg.model_copy(update={"rollout": rollout})
+
+
 async def connect_rollout(
-    cfg: OrchestratorConfig, clients: Clients, *, greedy: bool = False
+    cfg: OrchestratorConfig,
+    clients: Clients,
+    *,
+    greedy: bool = False,
+    task: Task | None = None,
 ) -> tuple[Rollout, dict[str, Any]]:
-    """A Rollout over the live engine (waited for) and its tokenizer; also the engine's info."""
+    """A Rollout over the live engine (waited for) and its tokenizer; also the engine's info.
+    `task`: the environment its samples step (None: the tools of `rollout.tools`)."""
     info = await wait_for_engine(clients.engine, cfg.engine_retry_s)
     tokenizer = load_tokenizer(cfg.tokenizer_path or str(info["model_path"]))
     vocab_size, context_length = model_limits(
@@ -140,7 +181,17 @@ async def connect_rollout(
     )
     # Token ids the model cannot embed never reach the engine (one crashes a whole SGLang).
     clients.engine.vocab_size = vocab_size
-    if clients.tools is None:  # rollout.tools, built once: MCP servers asked for their tools
+    cfg = rollout_settings(cfg, task)
+    env = None
+    if task is not None and task.loop_tools is None:  # the task's environment, no tools
+        env = EnvTurns(
+            task,
+            tokenizer,
+            env_limits(cfg.task),
+            observation_max_tokens=cfg.rollout.observation_max_tokens,
+        )
+        clients.tools = clients.tools or Toolbox([])
+    elif clients.tools is None:  # rollout.tools, built once: MCP servers asked for their tools
         search = SearchTool(clients.retriever, cfg.search)
         clients.tools = await build_toolbox(cfg.rollout.tools, search)
     rollout = Rollout(
@@ -151,6 +202,7 @@ async def connect_rollout(
         engine_retry_s=cfg.engine_retry_s,
         greedy=greedy,
         context_length=context_length,
+        env=env,
     )
     return rollout, info
 
@@ -158,11 +210,10 @@ async def connect_rollout(
 async def build_orchestrator(
     cfg: OrchestratorConfig, run: RunConfig, clients: Clients
 ) -> Orchestrator:
-    """Validate everything that can fail at start-up (hooks, data) before any rollout."""
-    scorer = Scorer(cfg.reward)
-    if not cfg.data.train_path:
-        raise ValueError("orchestrator.data.train_path is not set")
-    prompts = load_prompts(cfg.data.train_path, cfg.data.max_prompts)
+    """Validate everything that can fail at start-up (hooks, task, data) before any rollout."""
+    task = configured_task(cfg)
+    scorer = Scorer(cfg.reward, scored_by_task=task is not None and task.loop_tools is None)
+    prompts = training_prompts(cfg, task)
     sampler = PromptSampler(
         prompts,
         run.groups_per_step + cfg.rollout.over_sampling,
@@ -170,18 +221,19 @@ async def build_orchestrator(
         shuffle=cfg.data.shuffle,
         epochs=cfg.epochs,
     )
-    rollout, _ = await connect_rollout(cfg, clients)
+    rollout, _ = await connect_rollout(cfg, clients, task=task)
     validation = None
-    if cfg.eval_every_steps and cfg.data.val_path:
-        val = validation_subset(load_prompts(cfg.data.val_path), cfg.data.val_size, cfg.data.seed)
+    val = validation_prompts(cfg, task) if cfg.eval_every_steps else []
+    if val:
         greedy = Rollout(
-            cfg.rollout,
+            rollout.cfg,
             clients.engine,
             rollout.tools,
             rollout.tokenizer,
             engine_retry_s=cfg.engine_retry_s,
             greedy=True,
             context_length=rollout.context_length,
+            env=rollout.env,
         )
         validation = (greedy, val)
     return Orchestrator(
@@ -258,7 +310,9 @@ async def evaluate_served(
     # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
     clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
-        rollout, info = await connect_rollout(orch, clients, greedy=True)
+        rollout, info = await connect_rollout(
+            orch, clients, greedy=True, task=configured_task(orch)
+        )
         log_ = RolloutLog(orch.rollout_log, rollout.tokenizer) if orch.rollout_log.run_dir else None
         label = f"{Path(str(info.get('model_path', ''))).name} v{info.get('weight_version')}"
         result = await evaluate(

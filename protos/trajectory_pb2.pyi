@@ -43,7 +43,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., result: _Optional[str] = ..., error: _Optional[str] = ..., latency_s: _Optional[float] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "action", "query", "doc_ids", "tool_latency_s", "tool_attempts", "error", "generated_tokens", "observation_tokens", "generate_latency_s", "engine_finish_reason", "weight_version", "cached_tokens", "tool_calls")
+    __slots__ = ("index", "action", "query", "doc_ids", "tool_latency_s", "tool_attempts", "error", "generated_tokens", "observation_tokens", "generate_latency_s", "engine_finish_reason", "weight_version", "cached_tokens", "tool_calls", "reward")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Turn(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
     index: int
     action: str
     query: str
@@ -72,7 +73,8 @@ class Turn(_message.Message):
     weight_version: int
     cached_tokens: int
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
-    def __init__(self, index: _Optional[int] = ..., action: _Optional[str] = ..., query: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ..., tool_latency_s: _Optional[float] = ..., tool_attempts: _Optional[int] = ..., error: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., generate_latency_s: _Optional[float] = ..., engine_finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+    reward: float
+    def __init__(self, index: _Optional[int] = ..., action: _Optional[str] = ..., query: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ..., tool_latency_s: _Optional[float] = ..., tool_attempts: _Optional[int] = ..., error: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., observation_tokens: _Optional[int] = ..., generate_latency_s: _Optional[float] = ..., engine_finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("total", "components")

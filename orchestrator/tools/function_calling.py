@@ -63,9 +63,10 @@ def _parse_one(raw: str) -> ParsedCall:
 
 
 class ToolTurns:
-    """Renders `tool` turns as the tokenizer's chat template does, as text to append."""
+    """Renders the turns after a model message (`tool` results, or an environment's `user`
+    turns) as the tokenizer's chat template does, as text to append."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]]) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]], role: str = "tool") -> None:
         self.tok = tokenizer
         self.tools = tools
         self._base = [
@@ -82,12 +83,12 @@ class ToolTurns:
         eos = getattr(tokenizer, "eos_token", None)
         self.end_of_turn = eos if isinstance(eos, str) and eos else ""
         after = self._render(
-            [*self._base, {"role": "tool", "name": "t", "content": "r"}], generation_prompt=True
+            [*self._base, {"role": role, "name": "t", "content": "r"}], generation_prompt=True
         )
         if not after.startswith(self._before):
             raise ValueError(
-                "the chat template renders the conversation before a tool turn differently once "
-                "the turn is added: tool results cannot be appended token-exactly"
+                f"the chat template renders the conversation before a {role} turn differently "
+                f"once the turn is added: {role} turns cannot be appended token-exactly"
             )
 
     def _render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
@@ -103,8 +104,15 @@ class ToolTurns:
     def text(self, turn_text: str, results: list[tuple[str, str]]) -> str:
         """What follows the model's message `turn_text`: the end of its turn, the `tool` turns
         of `results` ((name, content) in call order) and the next assistant turn's header."""
-        messages = [*self._base, *({"role": "tool", "name": n, "content": c} for n, c in results)]
-        after = self._render(messages, generation_prompt=True)[len(self._before) :]
+        return self.messages_text(
+            turn_text, [{"role": "tool", "name": n, "content": c} for n, c in results]
+        )
+
+    def messages_text(self, turn_text: str, messages: list[dict[str, Any]]) -> str:
+        """What follows the model's message `turn_text`: the end of its turn, `messages` as the
+        template renders them, and the next assistant turn's header."""
+        after = self._render([*self._base, *messages], generation_prompt=True)
+        after = after[len(self._before) :]
         end = self.after_content
         eot = self.end_of_turn
         if eot and end.startswith(eot) and turn_text.endswith(eot):

@@ -1,0 +1,107 @@
+"""A task's environment turns, as the rollout runs them (orchestrator/tasks/base.py).
+
+Each model message goes to the sample's `Episode.step` under a runner (the tools' own,
+orchestrator/tools/runner.py): a deadline per turn, a cap on turns in flight, a breaker after
+failures in a row, metrics labelled `env:<task>`. A turn is never retried: an episode holds
+state, and a step that timed out may have changed it. An environment that raises or times out
+ends the sample as an infrastructure failure (status error, left out of training, counted),
+with the error on the turn.
+
+The answer is appended token-exactly: chat messages as the model's chat template renders them
+after the model's turn (its end-of-turn token added, loss mask 0, when the engine stopped before
+it), a plain string as it is; each message's content cut to `observation_max_tokens`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from orchestrator.config import TaskConfig
+from orchestrator.observation import Observation, Tokenizer
+from orchestrator.sample import Sample
+from orchestrator.tasks.base import EnvStep, Episode, Task
+from orchestrator.tools.function_calling import ToolTurns, truncate
+from orchestrator.tools.metrics import RunnerMetrics
+from orchestrator.tools.runner import Limits, Outcome, ToolRunner
+
+
+def env_limits(cfg: TaskConfig | None) -> Limits:
+    """The runner's limits for environment turns: one attempt each."""
+    cfg = cfg or TaskConfig(name="task")
+    return Limits(
+        max_concurrency=cfg.max_concurrency,
+        timeout_s=cfg.step_timeout_s,
+        max_attempts=1,
+        breaker_failures=cfg.breaker_failures,
+        breaker_probe_s=cfg.breaker_probe_s,
+        breaker_max_wait_s=cfg.breaker_max_wait_s,
+    )
+
+
+class EnvTurns:
+    """One task's episodes: made per sample, stepped per message, scored and closed at the
+    end."""
+
+    def __init__(
+        self,
+        task: Task,
+        tokenizer: Tokenizer,
+        limits: Limits,
+        *,
+        observation_max_tokens: int | None = None,
+    ) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.observation_max_tokens = observation_max_tokens
+        self.runner = ToolRunner(limits, RunnerMetrics(f"env:{task.name}"), service=task.name)
+        self.turns = ToolTurns(tokenizer, task.tool_schemas(), role="user")
+        self._episodes: dict[str, Episode] = {}
+
+    def prompt_tools(self) -> list[dict[str, Any]] | None:
+        return self.task.tool_schemas() or None
+
+    def episode(self, sample: Sample) -> Episode:
+        """The sample's episode, made on its first turn."""
+        ep = self._episodes.get(sample.trajectory_id)
+        if ep is None:
+            ep = self._episodes[sample.trajectory_id] = self.task.episode(sample.prompt)
+        return ep
+
+    async def step(self, sample: Sample, action: str) -> Outcome[EnvStep]:
+        episode = self.episode(sample)
+        out = await self.runner.run(lambda: episode.step(action))
+        if out.value is not None and not isinstance(out.value, EnvStep):
+            out.error = f"{type(episode).__name__}.step returned {out.value!r}, not an EnvStep"
+            out.value = None
+        return out
+
+    def observation(self, turn_text: str, step: EnvStep) -> Observation:
+        """The environment's answer as the ids appended after the model's message."""
+        cap = self.observation_max_tokens
+        if isinstance(step.observation, str):
+            text = truncate(self.tokenizer, step.observation, cap)
+        else:
+            messages = [
+                {**m, "content": truncate(self.tokenizer, str(m.get("content", "")), cap)}
+                for m in step.observation
+            ]
+            text = self.turns.messages_text(turn_text, messages)
+        return Observation(text, self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def finish(self, sample: Sample) -> None:
+        """Score the sample by the task's rubric (its episode still open), then close it."""
+        episode = self._episodes.pop(sample.trajectory_id, None) or self.task.episode(sample.prompt)
+        try:
+            scored = self.task.score(sample, episode)
+            if inspect.isawaitable(scored):
+                scored = await scored
+        finally:
+            await episode.close()
+        if not isinstance(scored, dict) or "reward" not in scored:
+            raise ValueError(
+                f"task {self.task.name!r}: score() returned {scored!r}; it must return a dict "
+                'with "reward" (and any metrics)'
+            )
+        sample.reward = float(scored["reward"])
+        sample.reward_components = {k: float(v) for k, v in scored.items() if k != "reward"}

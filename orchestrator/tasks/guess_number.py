@@ -1,0 +1,109 @@
+"""`guess-number`: a game whose environment answers every turn, with a reward per turn.
+
+The policy guesses a secret whole number in [1, high] as `<guess> N </guess>`; the environment
+answers each guess as a user turn ("higher", "lower", or "correct", which ends the game). A
+guess that cannot be read is answered with the expected format. The reward comes at the end:
+1 for the found number, less a small cost per guess beyond the fewest binary search needs, so
+the policy is paid for using the feedback, not for luck. The rows are generated from a seed,
+the eval split disjoint from the train split.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from typing import Any, ClassVar
+
+from orchestrator.sample import Prompt, Sample
+from orchestrator.tasks.base import EnvStep, Episode, Split, Task
+
+_GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>")
+INSTRUCTION = (
+    "I am thinking of a whole number from 1 to {high}. Find it. Write each guess as "
+    "<guess> N </guess>; after each guess I say higher, lower or correct."
+)
+INVALID = "Write your guess as <guess> N </guess> with a whole number from 1 to {high}."
+
+
+def parse_guess(text: str) -> int | None:
+    """The last `<guess> N </guess>` of a message, or None."""
+    found = _GUESS.findall(text)
+    return int(found[-1]) if found else None
+
+
+class GuessEpisode(Episode):
+    def __init__(self, secret: int, high: int) -> None:
+        self.secret, self.high = secret, high
+        self.guesses = 0
+        self.solved = False
+
+    async def step(self, action: str) -> EnvStep:
+        guess = parse_guess(action)
+        if guess is None or not 1 <= guess <= self.high:
+            return EnvStep(self._user(INVALID.format(high=self.high)), info={"invalid": 1.0})
+        self.guesses += 1
+        if guess == self.secret:
+            self.solved = True
+            return EnvStep(reward=1.0, done=True, info={"guesses": float(self.guesses)})
+        return EnvStep(self._user("higher" if self.secret > guess else "lower"))
+
+    @staticmethod
+    def _user(text: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": text}]
+
+
+class GuessNumberTask(Task):
+    name = "guess-number"
+    description = "Guess a number from higher/lower feedback: the environment answers every turn."
+    stop: ClassVar[list[str] | None] = ["</guess>"]
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.check_options({"high", "train_size", "eval_size", "seed", "guess_cost"})
+        self.high = int(self.options.get("high", 16))
+        if self.high < 2:
+            raise ValueError("options.high must be >= 2")
+        self.train_size = int(self.options.get("train_size", 512))
+        self.eval_size = int(self.options.get("eval_size", 64))
+        self.seed = int(self.options.get("seed", 0))
+        self.guess_cost = float(self.options.get("guess_cost", 0.1))
+        # The fewest guesses that always suffice (binary search).
+        self.par = math.ceil(math.log2(self.high + 1))
+
+    def rows(self, split: Split) -> list[Prompt]:
+        # Eval games draw their secrets from another stream than training's: the same
+        # numbers recur (there are only `high`), the games' ids do not.
+        rng = random.Random(f"{self.seed}/{split}")
+        size = self.train_size if split == "train" else self.eval_size
+        content = INSTRUCTION.format(high=self.high)
+        return [
+            Prompt(
+                prompt_id=f"{self.name}/{split}/{i}",
+                data_source=self.name,
+                messages=[{"role": "user", "content": content}],
+                golds=[str(rng.randint(1, self.high))],
+                metadata={"split": split, "index": str(i)},
+            )
+            for i in range(size)
+        ]
+
+    def episode(self, prompt: Prompt) -> Episode:
+        return GuessEpisode(int(prompt.golds[0]), self.high)
+
+    def score(self, sample: Sample, episode: Episode) -> dict[str, float]:
+        assert isinstance(episode, GuessEpisode)
+        extra = max(0, episode.guesses - self.par)
+        reward = max(0.0, 1.0 - self.guess_cost * extra) if episode.solved else 0.0
+        return {"reward": reward, "em": float(episode.solved), "guesses": float(episode.guesses)}
+
+    def demonstration(self, prompt: Prompt) -> list[str]:
+        """Binary search to the row's secret."""
+        secret, low, high = int(prompt.golds[0]), 1, self.high
+        messages = []
+        while True:
+            mid = (low + high) // 2
+            messages.append(f"<guess> {mid} </guess>")
+            if mid == secret:
+                return messages
+            low, high = (mid + 1, high) if secret > mid else (low, mid - 1)
