@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "eval": "orchestrator.cli:eval_command",
     "inspect": "inspector.cli:inspect_command",
     "demo": "stack.demo_cli:demo",
+    "task": "stack.task_cli:app",
 }
 
 

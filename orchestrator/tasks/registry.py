@@ -52,7 +52,10 @@ def load_task(cfg: TaskConfig) -> Task:
 
 def task_rows(task: Task, split: Split, limit: int | None = None) -> list[Any]:
     """`task.rows(split)`, checked: a task without train rows cannot train."""
-    rows = list(task.rows(split))
+    try:
+        rows = list(task.rows(split))
+    except (ValueError, OSError) as e:  # a missing file, a bad row: the task's data is wrong
+        raise HookError(f"task {task.name!r}: its {split} rows: {e}") from e
     if split == "train" and not rows:
         raise HookError(f"task {task.name!r}: no train rows")
     return rows[:limit] if limit else rows
