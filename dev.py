@@ -390,8 +390,15 @@ def ensure_nftables() -> None:
     ensure_debian("nftables", ["nft"], "the network-namespace partition tests")
 
 
+def ensure_bubblewrap() -> None:
+    # `bwrap`: the python tool runs code only in its sandbox (orchestrator/tools/sandbox.py) and
+    # refuses to start without it; its tests fail without it where apt could install it.
+    ensure_debian("bubblewrap", ["bwrap"], "the python tool and its sandbox tests")
+
+
 def run_tests(args: list[str]) -> int:
     ensure_chromium()
+    ensure_bubblewrap()
     ensure_prometheus()
     ensure_nftables()
     py = str(_bin("python"))
@@ -453,6 +460,7 @@ def run_sglang_tests(args: list[str]) -> int:
 
 
 def run_demo(args: list[str]) -> int:
+    ensure_bubblewrap()
     env = _env()
     if "sglang" in args and ("--engine" in args or "--engine=sglang" in args):
         env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())

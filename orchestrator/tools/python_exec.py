@@ -1,62 +1,64 @@
-"""The `python` tool: code run in a separate process with a wall-time limit, CPU-time, memory
-and file-size limits (`resource`, set in the child before the code runs), and no network.
+"""The `python` tool: model-written code run in a bubblewrap sandbox (`tools.sandbox`), since the
+code is hostile input: a read-only /usr and nothing else of the host, a private size-capped
+/tmp as its directory, its own PID namespace (every process it starts dies with the call), no
+network, a clean environment, limits on memory, CPU time, file size and processes.
 
-No network: the process runs in a new network namespace (`unshare -rn`, util-linux; only a
-loopback that is down), found at start-up. Where no namespace can be made (a container
-without the privilege), the tool refuses to start unless `options.allow_network: true` says
-to run without that isolation. The code is read from stdin by a fixed bootstrap (`python -I`:
-no environment variables, no user site), in an empty temporary directory, with an empty
-environment. The code's own errors (a traceback, a limit hit) are what the policy reads
-(`ToolError`: not retried); failing to start a process is the tool's trouble (retried).
+The tool refuses to start where no sandbox can be made (no `bwrap`, user namespaces forbidden),
+naming what is missing; it never runs code with less isolation. `allow_network: true` shares
+the host's network (its loopback services included) and logs a warning: the only isolation it
+gives up. The interpreter is a python3 under /usr (not the service's venv, which stays out of
+the sandbox); `python` and `ro_paths` choose another. The code is read from stdin by a fixed
+bootstrap (`python -I -u`). The code's own errors (a traceback, a limit hit) are what the policy
+reads (`ToolError`: not retried); failing to start the sandbox is the tool's trouble (retried).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 from typing import Any
 
 from orchestrator.tools.base import ToolError, ToolResult
+from orchestrator.tools.sandbox import Limits, Sandbox
 
-# Runs in the child: limits first (soft = hard, so the code cannot raise them), then the code.
+log = logging.getLogger(__name__)
+
+# Runs in the sandbox (limits already set by prlimit): the code from stdin, then stdin closed.
+# At exit it says so when processes the code started are still there (the call kills them).
 _BOOTSTRAP = """
-import resource, sys
-mem, cpu, fsize = (int(a) for a in sys.argv[1:4])
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+import atexit, os, sys
+def _left():
+    left = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+    if left:
+        print(f"[{len(left)} processes the code left running are killed with it]", file=sys.stderr)
+atexit.register(_left)
 code = sys.stdin.read()
 sys.stdin = open("/dev/null")
 exec(compile(code, "<code>", "exec"), {"__name__": "__main__"})
 """
 
 
-def network_isolation() -> list[str] | None:
-    """The command prefix that runs a process without network, or None where none works."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    for flags in ("-rn", "-n"):  # -r: a user namespace, so no root is needed
-        try:
-            done = subprocess.run([unshare, flags, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return [unshare, flags]
-    return None
+def default_python() -> tuple[str, list[str]]:
+    """An interpreter the sandbox can run, and what to mount for it: this process's base
+    interpreter when it lies under /usr, else the system's python3; failing both, the base
+    interpreter with its installation mounted read-only."""
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if base.startswith("/usr/"):
+        return base, []
+    found = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    if found is not None:
+        return found, []
+    return base, [sys.base_prefix]
 
 
 class PythonTool:
     name = "python"
     description = (
-        "Run Python code in a fresh process without network; returns what it prints "
-        "(stdout and stderr)."
+        "Run Python code in a fresh sandboxed process without network; returns what it prints "
+        "(stdout and stderr). Only the standard library; /tmp is the place to write files."
     )
     parameters: dict[str, Any] = {
         "type": "object",
@@ -73,58 +75,55 @@ class PythonTool:
         memory_mb: int = 256,
         max_output_chars: int = 4000,
         max_file_mb: int = 16,
+        disk_mb: int = 64,
+        max_processes: int = 16,
         allow_network: bool = False,
-        python: str = sys.executable,
+        python: str | None = None,
+        ro_paths: list[str] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
-        # CPU seconds (RLIMIT_CPU): by default above the wall limit, which then ends it first
-        self.cpu_time_s = cpu_time_s or max(1, int(timeout_s) + 1)
-        self.memory_bytes = memory_mb * 1024 * 1024
         self.max_output_chars = max_output_chars
-        self.max_file_bytes = max_file_mb * 1024 * 1024
+        # CPU seconds (RLIMIT_CPU): by default above the wall limit, which then ends it first
+        self.limits = Limits(
+            memory_bytes=memory_mb * 2**20,
+            cpu_s=cpu_time_s or max(1, int(timeout_s) + 1),
+            file_bytes=max_file_mb * 2**20,
+            processes=max_processes,
+            tmp_bytes=disk_mb * 2**20,
+            output_bytes=4 * max_output_chars + 4,  # UTF-8: at most 4 bytes a character
+        )
+        mounts = list(ro_paths or [])
+        if python is None:
+            python, extra = default_python()
+            mounts += extra
         self.python = python
-        prefix = network_isolation()
-        if prefix is None and not allow_network:
-            raise ValueError(
-                "tool 'python': cannot run code without network here (no usable `unshare -n`); "
-                "set options.allow_network: true to run it with the host's network"
+        try:  # SandboxUnavailable (no bwrap, no user namespaces): the tool refuses to start
+            self.sandbox = Sandbox(network=allow_network, ro_paths=mounts)
+            self.sandbox.check([python, "-I", "-c", "pass"])
+        except RuntimeError as e:
+            raise ValueError(f"tool 'python': cannot sandbox code here: {e}") from None
+        if allow_network:
+            log.warning(
+                "tool 'python': options.allow_network is set: the code shares the host's "
+                "network, services on its loopback included"
             )
-        self.prefix = prefix or []
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
-        cpu_s = self.cpu_time_s
-        with tempfile.TemporaryDirectory(prefix="searchr1-python-") as cwd:
-            proc = await asyncio.create_subprocess_exec(
-                *self.prefix,
-                self.python,
-                "-I",
-                "-c",
-                _BOOTSTRAP,
-                str(self.memory_bytes),
-                str(cpu_s),
-                str(self.max_file_bytes),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=cwd,
-                env={"PATH": os.defpath},
-                start_new_session=True,  # its own process group: killed as a whole
-            )
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    out, _ = await proc.communicate(str(arguments["code"]).encode())
-            except TimeoutError:
-                raise ToolError(f"the code ran longer than {self.timeout_s}s") from None
-            finally:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
-        text = out.decode(errors="replace")
-        if len(text) > self.max_output_chars:
+        done = await self.sandbox.run(
+            [self.python, "-I", "-u", "-c", _BOOTSTRAP],
+            stdin=str(arguments["code"]).encode(errors="replace"),
+            limits=self.limits,
+            timeout_s=self.timeout_s,
+        )
+        if done.timed_out:
+            raise ToolError(f"the code ran longer than {self.timeout_s}s")
+        text = done.output.decode(errors="replace")
+        if len(text) > self.max_output_chars or done.truncated:
             text = text[: self.max_output_chars] + "\n[output truncated]"
-        if proc.returncode != 0:
-            if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-                text += f"\n[killed: CPU time limit of {cpu_s}s]"
-            raise ToolError(text.strip() or f"the code exited with status {proc.returncode}")
+        if done.returncode != 0:
+            if done.signal in (signal.SIGXCPU, signal.SIGKILL):
+                text += f"\n[killed: CPU time limit of {self.limits.cpu_s}s]"
+            elif done.signal is not None:
+                text += f"\n[killed by signal {done.signal} ({signal.strsignal(done.signal)})]"
+            raise ToolError(text.strip() or f"the code exited with status {done.returncode}")
         return ToolResult(text)

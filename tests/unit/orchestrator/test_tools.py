@@ -4,6 +4,8 @@ python), custom tools by dotted path, and `rollout.tools` checked at start-up.""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import socket
 
 import pytest
@@ -16,7 +18,7 @@ from orchestrator.search import SearchTool
 from orchestrator.tools.base import ToolError
 from orchestrator.tools.calculator import Calculator, evaluate
 from orchestrator.tools.metrics import TOOL_BREAKER_OPEN, TOOL_CALLS, TOOL_FAILURES
-from orchestrator.tools.python_exec import PythonTool, network_isolation
+from orchestrator.tools.python_exec import PythonTool
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.runner import Limits
 from orchestrator.tools.toolbox import UNKNOWN, Toolbox
@@ -163,62 +165,81 @@ def test_calculator_refuses(expr: str, why: str) -> None:
 
 # --- python ------------------------------------------------------------------------------
 
-# The limits are tested with network isolation where the host allows namespaces (and without
-# it where not, e.g. a CI runner that forbids unprivileged user namespaces).
-ANY_NET = {"allow_network": True}
+
+# The python tool runs code only inside bubblewrap (orchestrator/tools/sandbox.py). Where `bwrap`
+# is missing these tests skip, unless this is root with apt-get (CI: `dev.py test` installs it),
+# where a missing bwrap fails them. The escape attempts: tests/integration/test_sandbox_escapes.py.
+def need_bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        if os.geteuid() == 0 and shutil.which("apt-get"):
+            pytest.fail("no bwrap: `apt-get install -y bubblewrap` (python3 dev.py test does it)")
+        pytest.skip("no bwrap (apt-get install -y bubblewrap)")
 
 
+@pytest.fixture
+def requires_bwrap() -> None:
+    need_bwrap()
+
+
+@pytest.mark.usefixtures("requires_bwrap")
 async def test_python_runs_code_in_another_process() -> None:
-    out = await PythonTool(**ANY_NET).call({"code": "import os\nprint(6 * 7, os.getpid() != 1)"})
+    out = await PythonTool().call({"code": "import os\nprint(6 * 7, os.getpid() != 1)"})
     assert out.text == "42 True\n"
 
 
+@pytest.mark.usefixtures("requires_bwrap")
 async def test_python_wall_time_limit() -> None:
     with pytest.raises(ToolError, match=r"ran longer than 0\.5s"):
-        await PythonTool(timeout_s=0.5, **ANY_NET).call({"code": "import time\ntime.sleep(60)"})
+        await PythonTool(timeout_s=0.5).call({"code": "import time\ntime.sleep(60)"})
 
 
+@pytest.mark.usefixtures("requires_bwrap")
 async def test_python_cpu_time_limit_ends_a_busy_loop() -> None:
     # The wall limit far above the CPU limit: the kernel's RLIMIT_CPU ends the loop.
-    tool = PythonTool(timeout_s=120, cpu_time_s=1, **ANY_NET)
+    tool = PythonTool(timeout_s=120, cpu_time_s=1)
     with pytest.raises(ToolError, match="CPU time limit of 1s"):
         await tool.call({"code": "while True: pass"})
 
 
+@pytest.mark.usefixtures("requires_bwrap")
 async def test_python_memory_limit() -> None:
     with pytest.raises(ToolError, match="MemoryError"):
-        await PythonTool(memory_mb=128, **ANY_NET).call(
-            {"code": "x = bytearray(512 * 1024 * 1024)"}
-        )
+        await PythonTool(memory_mb=128).call({"code": "x = bytearray(512 * 1024 * 1024)"})
 
 
+@pytest.mark.usefixtures("requires_bwrap")
 async def test_python_error_is_the_calls_own() -> None:
     with pytest.raises(ToolError, match="ZeroDivisionError"):
-        await PythonTool(**ANY_NET).call({"code": "1 / 0"})
+        await PythonTool().call({"code": "1 / 0"})
 
 
-@pytest.mark.skipif(network_isolation() is None, reason="no network namespaces here")
-async def test_python_has_no_network() -> None:
+@pytest.mark.usefixtures("requires_bwrap")
+async def test_python_output_is_bounded() -> None:
+    out = await PythonTool(max_output_chars=100).call({"code": "print('x' * 10**7)"})
+    assert out.text == "x" * 100 + "\n[output truncated]"
+
+
+@pytest.mark.usefixtures("requires_bwrap")
+async def test_python_has_no_network_unless_allowed() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
     try:
-        # The same code reaches the port with the host's network...
-        open_tool = PythonTool(allow_network=True)
-        open_tool.prefix = []
-        await open_tool.call({"code": code})
-        # ...and not from the tool's namespace.
+        # allow_network shares the host's network: the same code reaches the port...
+        await PythonTool(allow_network=True).call({"code": code})
+        # ...and not by default.
         with pytest.raises(ToolError, match=r"OSError|unreachable|refused"):
             await PythonTool().call({"code": code})
     finally:
         server.close()
 
 
-def test_python_refuses_to_start_without_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.tools.python_exec.network_isolation", lambda: None)
-    with pytest.raises(ValueError, match="allow_network"):
+def test_python_refuses_to_start_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ValueError, match=r"tool 'python'.*no `bwrap` \(bubblewrap\)"):
         PythonTool()
-    assert PythonTool(allow_network=True).prefix == []
+    with pytest.raises(ValueError, match="bwrap"):
+        PythonTool(allow_network=True)  # no way around the sandbox
 
 
 # --- rollout.tools -----------------------------------------------------------------------
