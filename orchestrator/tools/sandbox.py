@@ -202,8 +202,8 @@ class Sandbox:
         except TimeoutError:
             timed_out, output, truncated = True, b"", False
         finally:
-            if proc.returncode is None:
-                await _stop(proc, info)
+            if proc.returncode is None:  # shielded: a second cancel must not leave it running
+                await asyncio.shield(_stop(proc, info))
             child_pid = await _settle(info)
         if child_pid is None:  # bwrap failed before starting the command: no sandbox
             why = output.decode(errors="replace").strip()

@@ -9,6 +9,7 @@ installs bubblewrap): there a missing bwrap fails them.
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import re
 import socket
@@ -140,6 +141,16 @@ print("parent done")
     assert host_processes_with(marker) == []  # gone when the call returns
     time.sleep(2.5)
     assert not written.exists() and host_processes_with(marker) == []
+
+
+async def test_a_call_cancelled_by_its_caller_leaves_no_process(tool: PythonTool) -> None:
+    """The runner's own deadline cancels the call: the sandbox goes with it."""
+    marker = f"searchr1-cancelled-{uuid.uuid4().hex}"
+    code = f"import os\nif os.fork() == 0:\n    os.execv('/bin/sleep', [{marker!r}, '30'])\n"
+    code += "import time\ntime.sleep(30)"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(tool.call({"code": code}), 0.5)
+    assert host_processes_with(marker) == []
 
 
 async def test_a_fork_bomb_is_bounded(tool: PythonTool) -> None:
