@@ -35,7 +35,11 @@ def create_app(
     state: LoopState,
     *,
     ui_run_dir: str | None = None,
+    uses_retriever: bool = True,
 ) -> FastAPI:
+    """`uses_retriever`: whether /ready waits for the retriever (a task without search does
+    not)."""
+
     async def engine_ready() -> str:
         info = await engine.get_model_info()
         return f"weight_version {info['weight_version']}"
@@ -53,14 +57,11 @@ def create_app(
             raise RuntimeError(state.error)
         return "running" if state.orchestrator else "starting"
 
+    checks = {"engine": engine_ready, "retriever": retriever_ready}
+    if not uses_retriever:
+        del checks["retriever"]
     app = create_service_app(
-        "orchestrator",
-        ready_checks={
-            "engine": engine_ready,
-            "retriever": retriever_ready,
-            "redis": redis_ready,
-            "loop": loop_ready,
-        },
+        "orchestrator", ready_checks={**checks, "redis": redis_ready, "loop": loop_ready}
     )
 
     @app.get("/status")

@@ -165,6 +165,13 @@ def rollout_settings(cfg: OrchestratorConfig, task: Task | None) -> Orchestrator
     return cfg.model_copy(update={"rollout": rollout})
 
 
+def uses_retriever(cfg: OrchestratorConfig, task: Task | None) -> bool:
+    """Whether the rollouts search (so the retriever must be up)."""
+    if task is not None and task.loop_tools is None:
+        return False
+    return any(t.name == "search" for t in rollout_settings(cfg, task).rollout.tools)
+
+
 async def connect_rollout(
     cfg: OrchestratorConfig,
     clients: Clients,
@@ -208,10 +215,11 @@ async def connect_rollout(
 
 
 async def build_orchestrator(
-    cfg: OrchestratorConfig, run: RunConfig, clients: Clients
+    cfg: OrchestratorConfig, run: RunConfig, clients: Clients, task: Task | None = None
 ) -> Orchestrator:
-    """Validate everything that can fail at start-up (hooks, task, data) before any rollout."""
-    task = configured_task(cfg)
+    """Validate everything that can fail at start-up (hooks, task, data) before any rollout.
+    `task`: `orchestrator.task` as built already (else built here)."""
+    task = task or configured_task(cfg)
     scorer = Scorer(cfg.reward, scored_by_task=task is not None and task.loop_tools is None)
     prompts = training_prompts(cfg, task)
     sampler = PromptSampler(
@@ -261,15 +269,23 @@ async def serve(
 ) -> int:
     """The service: `Orchestrator.run` with the HTTP endpoints beside it (up while the loop is
     built: /ready says why it is not running yet); exit status 0 when all steps are done."""
+    task = configured_task(cfg)
     clients = make_clients(cfg, redis_url, bus_cfg)
     state = LoopState()
     ui = cfg.rollout_log.run_dir if cfg.ui else None
-    app = create_app(clients.engine, clients.retriever, clients.bus, state, ui_run_dir=ui)
+    app = create_app(
+        clients.engine,
+        clients.retriever,
+        clients.bus,
+        state,
+        ui_run_dir=ui,
+        uses_retriever=uses_retriever(cfg, task),
+    )
     server = uvicorn_server(app, cfg.http)
 
     async def loop() -> None:
         try:
-            orch = await build_orchestrator(cfg, run, clients)
+            orch = await build_orchestrator(cfg, run, clients, task)
             state.orchestrator = orch
             await orch.run(fresh=fresh)
             state.done = True
@@ -283,12 +299,12 @@ async def serve(
             server.should_exit = True
 
     try:
-        task = asyncio.create_task(loop())
+        running = asyncio.create_task(loop())
         await server.serve()
-        if not task.done():  # SIGTERM: stop rolling out; unpublished groups are redone later
-            task.cancel()
+        if not running.done():  # SIGTERM: stop rolling out; unpublished groups are redone later
+            running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await running
     finally:
         await clients.aclose()
     return 1 if state.error else 0

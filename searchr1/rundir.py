@@ -187,6 +187,8 @@ def rollout_schema() -> pa.Schema:
             ("cached_tokens", pa.int32()),  # input tokens served from the engine's cache
             # function calling: each call (absent from logs written before the field)
             ("tool_calls", pa.list_(tool_call)),
+            # a task's environment: its reward for the turn (absent before the field)
+            ("reward", pa.float64()),
         ]
     )
     types = {

@@ -215,9 +215,14 @@ def test_a_task_in_a_file_outside_the_repository_loads_by_dotted_path(
             """
         )
     )
+    # By the file's path: nothing on sys.path.
+    task = load_task(TaskConfig(name=f"{tmp_path / 'my_env.py'}:EchoTask"))
+    assert task.name == "echo" and task.rows("eval")[0].prompt_id == "echo/eval/0"
+    with pytest.raises(HookError, match="no such file"):
+        load_task(TaskConfig(name=f"{tmp_path / 'nope.py'}:EchoTask"))
+    # By module name, with the file's folder on sys.path.
     monkeypatch.syspath_prepend(str(tmp_path))
-    task = load_task(TaskConfig(name="my_env:EchoTask"))
-    assert task.name == "echo"
+    assert load_task(TaskConfig(name="my_env:EchoTask")).name == "echo"
     sys.modules.pop("my_env", None)
 
 
