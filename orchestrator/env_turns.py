@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.config import TaskConfig
 from orchestrator.observation import Observation, Tokenizer
-from orchestrator.sample import Sample
+from orchestrator.sample import Sample, Status
 from orchestrator.tasks.base import EnvStep, Episode, Task
 from orchestrator.tools.function_calling import ToolTurns, truncate
 from orchestrator.tools.metrics import RunnerMetrics
@@ -69,10 +69,14 @@ class EnvTurns:
         return ep
 
     async def step(self, sample: Sample, action: str) -> Outcome[EnvStep]:
-        episode = self.episode(sample)
-        out = await self.runner.run(lambda: episode.step(action))
+
+        async def one() -> EnvStep:  # making the episode is the environment's work too
+            return await self.episode(sample).step(action)
+
+        out = await self.runner.run(one)
         if out.value is not None and not isinstance(out.value, EnvStep):
-            out.error = f"{type(episode).__name__}.step returned {out.value!r}, not an EnvStep"
+            kind = type(self.episode(sample)).__name__
+            out.error = f"{kind}.step returned {out.value!r}, not an EnvStep"
             out.value = None
         return out
 
@@ -91,7 +95,16 @@ class EnvTurns:
 
     async def finish(self, sample: Sample) -> None:
         """Score the sample by the task's rubric (its episode still open), then close it."""
-        episode = self._episodes.pop(sample.trajectory_id, None) or self.task.episode(sample.prompt)
+        episode = self._episodes.pop(sample.trajectory_id, None)
+        if episode is None:  # the sample ended before its first environment turn
+            try:
+                episode = self.task.episode(sample.prompt)
+            except Exception as e:  # counted as the failed turn would have been
+                sample.reward, sample.reward_components = 0.0, {}
+                if sample.status is None or not sample.error:
+                    sample.status, sample.infrastructure_failure = Status.ERROR, True
+                    sample.error = f"environment {self.task.name!r}: episode(): {e!r}"
+                return
         try:
             scored = self.task.score(sample, episode)
             if inspect.isawaitable(scored):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from stack.task_cli import app
@@ -41,3 +43,13 @@ def test_check_names_what_is_wrong() -> None:
     assert out.exit_code == 2 and "--options: not JSON" in out.output
     out = runner.invoke(app, ["check", "search-r1", "--options", '{"train_path": "nope.jsonl"}'])
     assert out.exit_code == 2 and "dataset file not found" in out.output
+
+
+def test_the_worked_example_of_docs_tasks_runs(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """docs/tasks.md's task in one file, named by its path: rows, episode, rubric, demo."""
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "reach_task.py"
+    args = ["check", f"{example}:ReachTask", "--row", "3", "--tokenizer", str(tiny_model_dir)]
+    out = CliRunner().invoke(app, args, terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "status=answered" in out.output and "reward=1.0" in out.output
+    assert '"em": 1.0' in out.output

@@ -120,6 +120,8 @@ class Raising(Task):
 
     def episode(self, prompt):  # type: ignore[no-untyped-def]
         task = self
+        if self.failure == "no episode":
+            raise ConnectionError("game server refused the session")
 
         class Broken(Episode):
             async def step(self, action: str) -> EnvStep:
@@ -141,6 +143,7 @@ class Raising(Task):
         ("raise", "RuntimeError: game server gone"),
         ("hang", "timed out after 0.2s"),
         ("wrong type", "returned 'higher', not an EnvStep"),
+        ("no episode", "ConnectionError: game server refused the session"),
     ],
 )
 async def test_an_environment_that_fails_ends_the_sample_as_an_infrastructure_failure(
@@ -153,7 +156,7 @@ async def test_an_environment_that_fails_ends_the_sample_as_an_infrastructure_fa
     assert s.status == Status.ERROR
     assert s.infrastructure_failure
     assert error in s.error and error in s.turns[0].error
-    assert task.closed == 1  # closed whatever happened
+    assert task.closed == (0 if failure == "no episode" else 1)  # closed whatever happened
     if failure == "raise":  # counted by kind
         assert TOOL_FAILURES.labels("env:raising", "RuntimeError")._value.get() == before + 1
 
