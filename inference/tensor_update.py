@@ -13,15 +13,24 @@ parameters: staging would double the weight memory that colocation exists to sav
 checked whole before anything is copied (names, shapes, bounds), so a refused call changes
 nothing; but when a later bucket of a session is refused after earlier ones were copied, the
 model is a mix, and generation answers 503 until a complete update lands.
+
+A delta hand-over (`Handover.delta`) is decoded straight into the parameters too
+(`delta.apply_in_place`), after the same whole-call checks plus the base state; a payload that
+turns out corrupt midway, or a result that fails the sender's checksum at the session's end,
+leaves a mix: 503 until a complete update lands (the sender resends in full at once).
 """
 
 from __future__ import annotations
 
 import logging
 
+import torch
+
 from inference.memory import MemoryState
+from searchr1.weightsync.delta import EncodedTensor, Encoding, apply_in_place
 from searchr1.weightsync.handover import LOAD_FORMAT, Handover, opened
-from searchr1.weightsync.receiver import WEIGHT_UPDATES, WeightLoader
+from searchr1.weightsync.protocol import Bucket
+from searchr1.weightsync.receiver import PLAIN, WEIGHT_UPDATES, UpdateSession, WeightLoader
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,8 @@ class TensorUpdates:
         self.memory = memory
         self._session: object | None = None  # the session the count below belongs to
         self._applied = 0  # buckets copied in during that session
+        weights.on_inconsistent = memory.weights_broken
+        weights.content_known = lambda: not memory.awaiting_weights
 
     def apply(self, handover: Handover) -> int:
         """Copy one bucket in; returns the tensors applied. ValueError: refused, nothing
@@ -80,19 +91,67 @@ class TensorUpdates:
             )
         if self._session is not session:
             self._session, self._applied = session, 0
+        written = [False]  # this call wrote into the parameters
         try:
-            params = self.weights._check(
-                {t.name: (tuple(t.shape), t.dtype) for t in handover.tensors}
-            )
-            with opened(handover) as tensors:
-                self.weights._apply(params, tensors)
+            if handover.delta is None:
+                params = self.weights._check(
+                    {t.name: (tuple(t.shape), t.dtype) for t in handover.tensors}
+                )
+                with opened(handover) as tensors:
+                    self.weights.state, session.state = None, PLAIN
+                    written[0] = True
+                    self.weights._apply(params, tensors)
+                session.written.update(params[n].data_ptr() for n in tensors)
+            else:
+                self._apply_delta(handover, session, written)
         except ValueError as e:
             WEIGHT_UPDATES.labels("tensor", "rejected").inc()
             session.failure = session.failure or str(e)
-            if self._applied:
+            if self._applied or written[0]:
                 self.memory.weights_broken()
-                log.warning("a handed-over bucket was refused after others were applied")
+                log.warning("a handed-over bucket was refused after weights were written")
             raise
         self._applied += 1
         WEIGHT_UPDATES.labels("tensor", "ok").inc()
         return len(handover.tensors)
+
+    @torch.no_grad()
+    def _apply_delta(self, handover: Handover, session: UpdateSession, written: list[bool]) -> None:
+        """Decode each payload into its parameter, after checking the call whole."""
+        header = handover.delta
+        assert header is not None
+        specs = handover.tensors
+        bucket = Bucket(
+            names=[t.name for t in specs],
+            dtypes=[t.dtype for t in specs],
+            shapes=[t.shape for t in specs],
+            delta=header,
+        )
+        params = self.weights._check_delta(bucket, header, session.held)
+        for t, encoding in zip(specs, header.encodings, strict=True):
+            # In place, a delta decodes against the weights as they are: one onto a storage
+            # written earlier in this session (tied weights sent twice) would be wrong.
+            if encoding not in ("full", "alias") and params[t.name].data_ptr() in session.written:
+                raise ValueError(f"{t.name}: a delta onto weights this update already wrote")
+        with opened(handover) as payloads:
+            for t, encoding in zip(specs, header.encodings, strict=True):
+                p, payload = params[t.name].data, payloads[t.name]
+                if encoding == "alias":
+                    source = payload.cpu().numpy().tobytes().decode(errors="replace")
+                    if source not in session.names:
+                        raise ValueError(
+                            f"{t.name}: alias of {source!r}, not earlier in this update"
+                        )
+                    self.weights.state, written[0] = None, True
+                    p.copy_(params[source].data)
+                elif encoding != "same":
+                    data = payload if encoding == "full" else payload.cpu()
+                    enc = EncodedTensor(Encoding(encoding), data, p.dtype, tuple(p.shape))
+                    self.weights.state, written[0] = None, True
+                    apply_in_place(p, enc, t.name)
+                if encoding != "same":
+                    session.written.add(p.data_ptr())
+                session.names.append(t.name)
+        if session.state != PLAIN:
+            session.state = header.state
+        session.checksum = header.checksum or session.checksum

@@ -18,6 +18,8 @@ One buffer per bucket: opening an IPC handle costs far more than a view into it.
 outside one), one `/update_weights_from_tensor` per bucket (the last carries the new version and
 the cache flush), close the session, continue. For SGLang (`format="sglang"`) it sends SGLang's
 own pickled format instead (SGLang unpickles it: its behaviour, on its token-protected route).
+With a `baseline.Baseline`, our engines get delta updates: the buffer holds each tensor's
+encoded payload (`Handover.delta` names the encodings) and the engine decodes into its weights.
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ from typing import Annotated, Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from searchr1.weightsync.baseline import (
+    Baseline,
+    Update,
+    delta_capable,
+    engine_copy,
+    log_resync,
+)
 from searchr1.weightsync.group import dtype_from_name, dtype_name
-from searchr1.weightsync.protocol import DTYPE_NAMES
+from searchr1.weightsync.protocol import DTYPE_NAMES, DeltaHeader, EngineRefused
 from searchr1.weightsync.sender import PushStats, _close_sessions, _open_session, _with_last
 
 log = logging.getLogger(__name__)
@@ -95,11 +104,20 @@ class Handover(BaseModel):
     model_config = ConfigDict(extra="forbid")
     buffer: ShmBuffer | CudaIpcBuffer = Field(discriminator="kind")
     tensors: list[TensorSpec] = Field(max_length=MAX_TENSORS)
+    # Set: each tensor's bytes are its encoded payload (`delta.nbytes[i]` at its offset).
+    delta: DeltaHeader | None = None
+
+    def extents(self) -> list[int]:
+        """The bytes each tensor takes in the buffer."""
+        if self.delta is not None:
+            if len(self.delta.nbytes) != len(self.tensors):
+                raise ValueError("delta: one encoding per tensor needed")
+            return list(self.delta.nbytes)
+        return [_numel(t.shape) * dtype_from_name(t.dtype).itemsize for t in self.tensors]
 
     def check_bounds(self) -> None:
         """ValueError when a tensor lies outside the buffer."""
-        for t in self.tensors:
-            nbytes = _numel(t.shape) * dtype_from_name(t.dtype).itemsize
+        for t, nbytes in zip(self.tensors, self.extents(), strict=True):
             if t.offset + nbytes > self.buffer.size:
                 raise ValueError(
                     f"tensor {t.name!r}: bytes [{t.offset}, {t.offset + nbytes}) outside the "
@@ -123,9 +141,9 @@ def _b64(data: bytes) -> str:
 
 @contextmanager
 def opened(handover: Handover) -> Iterator[dict[str, torch.Tensor]]:
-    """The described tensors, as views into the sender's buffer, valid inside the block only
-    (copy them out). ValueError: the buffer is not there or too small, or a tensor lies
-    outside it."""
+    """The described tensors (with `delta`: their payloads, uint8), as views into the sender's
+    buffer, valid inside the block only (copy them out). ValueError: the buffer is not there or
+    too small, or a tensor lies outside it."""
     handover.check_bounds()
     buf = handover.buffer
     if isinstance(buf, ShmBuffer):
@@ -146,7 +164,7 @@ def opened(handover: Handover) -> Iterator[dict[str, torch.Tensor]]:
             os.close(fd)
         try:
             flat = torch.frombuffer(mapped, dtype=torch.uint8, count=max(buf.size, 1))
-            views = _views(flat, handover.tensors)
+            views = _views(flat, handover)
             try:
                 yield views
             finally:
@@ -156,19 +174,18 @@ def opened(handover: Handover) -> Iterator[dict[str, torch.Tensor]]:
     else:
         flat = _rebuild_cuda(buf)
         try:
-            yield _views(flat, handover.tensors)
+            yield _views(flat, handover)
         finally:
             # The copies out are queued on the stream: finished before the sender, told we
             # are done by our answer, frees or reuses its buffer.
             torch.cuda.synchronize(flat.device)
 
 
-def _views(flat: torch.Tensor, specs: list[TensorSpec]) -> dict[str, torch.Tensor]:
+def _views(flat: torch.Tensor, handover: Handover) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    for t in specs:
-        dtype = dtype_from_name(t.dtype)
-        nbytes = _numel(t.shape) * dtype.itemsize
-        out[t.name] = flat[t.offset : t.offset + nbytes].view(dtype).view(t.shape)
+    for t, nbytes in zip(handover.tensors, handover.extents(), strict=True):
+        view = flat[t.offset : t.offset + nbytes]
+        out[t.name] = view if handover.delta else view.view(dtype_from_name(t.dtype)).view(t.shape)
     return out
 
 
@@ -213,16 +230,26 @@ def _rebuild_cuda(buf: CudaIpcBuffer) -> torch.Tensor:
 
 class Packed:
     """One bucket laid out in one buffer, with its JSON description; `close()` frees it (after
-    the engine answered: it copies out during the call)."""
+    the engine answered: it copies out during the call). With `delta`, the buffer holds each
+    tensor's encoded payload (`payloads`) instead of its bytes."""
 
-    def __init__(self, bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> None:
+    def __init__(
+        self,
+        bucket: list[tuple[str, torch.Tensor]],
+        device: torch.device,
+        *,
+        payloads: list[torch.Tensor] | None = None,
+        delta: DeltaHeader | None = None,
+    ) -> None:
+        if payloads is None:
+            payloads = [t.detach().reshape(-1).view(torch.uint8) for _, t in bucket]
         specs, offset = [], 0
-        for name, t in bucket:
+        for (name, t), data in zip(bucket, payloads, strict=True):
             specs.append(
                 TensorSpec(name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), offset=offset)
             )
-            offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        self.nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+            offset += -(-data.numel() // ALIGN) * ALIGN
+        self.nbytes = sum(p.numel() for p in payloads)
         self._shm: shared_memory.SharedMemory | None = None
         self._flat: torch.Tensor | None = None  # the CUDA buffer
         if device.type == "cuda":
@@ -232,9 +259,8 @@ class Packed:
             name = f"{SEGMENT_PREFIX}{secrets.token_hex(8)}"
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=max(offset, 1))
             flat = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=max(offset, 1))
-        for (_, t), spec in zip(bucket, specs, strict=True):
-            n = t.numel() * t.element_size()
-            flat[spec.offset : spec.offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
+        for data, spec in zip(payloads, specs, strict=True):
+            flat[spec.offset : spec.offset + data.numel()].copy_(data)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # written before the engine reads
             buffer: ShmBuffer | CudaIpcBuffer = _cuda_buffer(self._flat, offset)
@@ -242,7 +268,7 @@ class Packed:
             del flat
             assert self._shm is not None
             buffer = ShmBuffer(name=self._shm.name, size=offset)
-        self.handover = Handover(buffer=buffer, tensors=specs)
+        self.handover = Handover(buffer=buffer, tensors=specs, delta=delta)
 
     def describe(self) -> str:
         return self.handover.model_dump_json()
@@ -339,13 +365,16 @@ class HandoverSender:
         pause_mode: str | None = "retract",
         dtype: torch.dtype | None = None,
         tp_size: int = 1,
+        baseline: Baseline | None = None,
     ) -> None:
+        """`baseline`: delta updates to our engines (format searchr1), encoded against it."""
         if not engines:
             raise ValueError("engines is empty")
         if bucket_bytes <= 0:
             raise ValueError("bucket_bytes must be > 0")
         if format not in ("searchr1", "sglang"):
             raise ValueError(f"format must be searchr1 or sglang (got {format!r})")
+        self.baseline = baseline if format == "searchr1" else None
         self.engines = list(engines)
         self.format = format
         self.device = torch.device(device)
@@ -381,13 +410,37 @@ class HandoverSender:
         flush_cache: bool = True,
     ) -> PushStats:
         """Hand every tensor to every engine; the engines serve `version` afterwards (default:
-        one more than the highest they report), as with the distributed push."""
-        if version is None or self.dtype is None:
-            infos = await asyncio.gather(*(c.get_model_info() for c in self.engines))
+        one more than the highest they report), as with the distributed push. With a
+        baseline: a delta where every engine holds it, else full; a refused delta is resent in
+        full at once."""
+        infos: list[dict[str, Any]] = []
+        if version is None or self.dtype is None or self.baseline is not None:
+            infos = list(await asyncio.gather(*(c.get_model_info() for c in self.engines)))
             if version is None:
                 version = max(int(i["weight_version"]) for i in infos) + 1
             if self.dtype is None and infos[0].get("dtype"):  # ours says; SGLang casts itself
                 self.dtype = dtype_from_name(infos[0]["dtype"])
+        if self.baseline is None or not delta_capable(infos):
+            return await self._push(named_tensors, version, flush_cache, None)
+        named = list(named_tensors)
+        delta = self.baseline.usable([int(i["weight_version"]) for i in infos])
+        try:
+            update = self.baseline.begin(version, delta=delta)
+            return await self._push(named, version, flush_cache, update)
+        except EngineRefused as e:
+            if not delta:
+                raise
+            log_resync(e, [c.base_url for c in self.engines])
+        update = self.baseline.begin(version, delta=False)
+        return await self._push(named, version, flush_cache, update)
+
+    async def _push(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        flush_cache: bool,
+        update: Update | None,
+    ) -> PushStats:
         paused_at = time.perf_counter()
         if self.pause_mode:
             await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self.engines))
@@ -403,7 +456,7 @@ class HandoverSender:
             try:
                 if failure is not None:
                     raise failure
-                total = await self._send(named_tensors, version, flush_cache)
+                total = await self._send(named_tensors, version, flush_cache, update)
             except BaseException as e:
                 failure = e
                 raise
@@ -415,22 +468,57 @@ class HandoverSender:
                 await asyncio.gather(
                     *(c.continue_generation() for c in self.engines), return_exceptions=True
                 )
-        stats = PushStats(total, seconds, version, time.perf_counter() - paused_at)
+        if update is not None:
+            update.commit()
+        stats = PushStats(
+            total,
+            seconds,
+            version,
+            time.perf_counter() - paused_at,
+            raw_bytes=update.raw_bytes if update else None,
+            delta=bool(update and update.delta),
+        )
         log.info(
             "weights handed over",
-            extra={"bytes": total, "seconds": round(seconds, 3), "version": version},
+            extra={
+                "bytes": total,
+                "seconds": round(seconds, 3),
+                "version": version,
+                "delta": stats.delta,
+            },
         )
         return stats
 
+    def _encode(self, bucket: list[tuple[str, torch.Tensor]], update: Update, last: bool) -> Packed:
+        """A bucket's payloads against the baseline, packed (worker thread)."""
+        held, encodings, payloads = [], [], []
+        for name, t in bucket:
+            copy = engine_copy(t, self.dtype)
+            encoding, payload = update.encode(name, copy)
+            held.append((name, copy))
+            encodings.append(encoding)
+            payloads.append(payload)
+        header = update.header(encodings, [p.numel() for p in payloads], last=last)
+        return Packed(held, self.device, payloads=payloads, delta=header)
+
     async def _send(
-        self, named: Iterable[tuple[str, torch.Tensor]], version: int, flush_cache: bool
+        self,
+        named: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        flush_cache: bool,
+        update: Update | None = None,
     ) -> int:
         total = 0
-        for bucket, last in _with_last(self._buckets(named)):
+        # Delta: buckets as given (encoding casts), so the trainer's tensors are copied once.
+        buckets = _by_size(named, self.bucket_bytes) if update else self._buckets(named)
+        for bucket, last in _with_last(buckets):
             if self.format == "sglang":
                 payload, load_format, packed = sglang_serialized(bucket, self.tp_size), None, None
             else:
-                packed = Packed(bucket, self.device)
+                if update is None:
+                    packed = Packed(bucket, self.device)
+                else:
+                    packed = await asyncio.to_thread(self._encode, bucket, update, last)
                 payload, load_format = [packed.describe()] * self.tp_size, LOAD_FORMAT
             try:
                 results = await asyncio.gather(
@@ -448,8 +536,28 @@ class HandoverSender:
             finally:
                 if packed is not None:  # every engine has answered: it copied out
                     packed.close()
-            total += sum(t.numel() * t.element_size() for _, t in bucket)
+            total += packed.nbytes if packed is not None else _nbytes(bucket)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]
         return total
+
+
+def _nbytes(bucket: list[tuple[str, torch.Tensor]]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in bucket)
+
+
+def _by_size(
+    named: Iterable[tuple[str, torch.Tensor]], limit: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in named:
+        n = t.numel() * t.element_size()
+        if bucket and size + n > limit:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += n
+    if bucket:
+        yield bucket

@@ -12,12 +12,20 @@ of `receive` calls (one per bucket), then `end_session`. Unlike SGLang, which lo
 as it arrives, received tensors are staged and become the model's weights together at the end,
 and only if every bucket of the session was accepted: a push that fails midway leaves the old
 weights whole, never a mix.
+
+Delta updates (a `protocol.DeltaHeader` on the bucket, or a `delta.safetensors` directory on
+disk): each tensor is decoded against the weights the model holds (`delta`), and only if the
+model holds the state the deltas were made against (`state`: named by the update that made it;
+unknown after a start, a plain update or a failed one). With a checksum on the update, the
+result is compared with the sender's before it takes effect: a mismatch applies nothing (staged
+paths), is counted, and the sender resends everything in full.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +33,17 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 
+from searchr1.weightsync.delta import EncodedTensor, Encoding, decode, state_checksum
 from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
-from searchr1.weightsync.protocol import Bucket, GroupJoin
+from searchr1.weightsync.protocol import (
+    CHECKSUM_MISMATCH,
+    DELTA_FILE,
+    DELTA_METADATA,
+    STALE_BASE,
+    Bucket,
+    DeltaHeader,
+    GroupJoin,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +56,12 @@ class GroupAlreadyFreed(ValueError):
 WEIGHT_UPDATES = Counter(
     "searchr1_inference_weight_updates_total", "Weight updates", ["source", "outcome"]
 )
+CHECKSUM_MISMATCHES = Counter(
+    "searchr1_inference_weight_checksum_mismatches_total",
+    "Weight updates whose result did not match the sender's checksum (not applied where "
+    "staged; the sender resends in full)",
+)
+PLAIN = "plain"  # a session with a bucket of plain tensors: its result is no named state
 
 
 @dataclass
@@ -47,6 +70,11 @@ class UpdateSession:
 
     staged: dict[str, torch.Tensor] = field(default_factory=dict)
     failure: str | None = None  # the first rejected bucket: the session applies nothing
+    state: str | None = None  # the delta state the updates make (`PLAIN`: none)
+    checksum: str | None = None  # the sender's, of every tensor of the session
+    names: list[str] = field(default_factory=list)  # delta updates: every tensor, in order
+    written: set[int] = field(default_factory=set)  # hand-over: storages written in place
+    held: str | None = None  # the state the weights were at when the session began
 
 
 class WeightLoader:
@@ -57,6 +85,16 @@ class WeightLoader:
         # Names of groups a newer join freed (bounded: one per takeover).
         self.superseded: deque[str] = deque(maxlen=64)
         self.session: UpdateSession | None = None
+        self.state: str | None = None  # the delta state the weights are at (None: unknown)
+        # Called when an update written in place fails its checksum (hand-over: the model is
+        # then no known version; `inference.tensor_update` marks it broken).
+        self.on_inconsistent: Callable[[], None] | None = None
+        # False while the weights have no known content (released and resumed without a
+        # backup, or broken by a failed update): no delta applies then.
+        self.content_known: Callable[[], bool] = lambda: True
+
+    def _held(self) -> str | None:
+        return self.state if self.content_known() else None
 
     def _params(self) -> dict[str, torch.Tensor]:
         # state_dict keys are the checkpoint's names; tied weights appear under both names.
@@ -86,6 +124,8 @@ class WeightLoader:
     def load_from_disk(self, path: Path) -> None:
         from safetensors import safe_open
 
+        if (path / DELTA_FILE).is_file():
+            return self._load_delta(path / DELTA_FILE)
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
         if not files:
             WEIGHT_UPDATES.labels("disk", "rejected").inc()
@@ -101,8 +141,117 @@ class WeightLoader:
             WEIGHT_UPDATES.labels("disk", "rejected").inc()
             raise
         self._apply(params, tensors)
+        self.state = None
         WEIGHT_UPDATES.labels("disk", "ok").inc()
         log.info("weights loaded from disk", extra={"path": str(path), "tensors": len(tensors)})
+
+    def _load_delta(self, file: Path) -> None:
+        """A delta directory: decoded against the weights held, checked, applied whole."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), framework="pt") as sf:
+                meta = (sf.metadata() or {}).get(DELTA_METADATA)
+                if meta is None:
+                    raise ValueError(f"{file}: no {DELTA_METADATA} metadata")
+                bucket = Bucket.model_validate_json(meta)
+                blob = sf.get_tensor("payload") if "payload" in sf.keys() else None  # noqa: SIM118
+            if bucket.delta is None:
+                raise ValueError(f"{file}: no delta header")
+            blob = torch.empty(0, dtype=torch.uint8) if blob is None else blob
+            session = UpdateSession()
+            params = self._check_delta(bucket, bucket.delta, self._held())
+            if blob.dtype != torch.uint8 or blob.numel() != sum(bucket.delta.nbytes):
+                raise ValueError(f"{file}: payload is not {sum(bucket.delta.nbytes)} bytes")
+            self._decode(bucket, bucket.delta, blob, params, session)
+            self._verify(session, params)
+        except ValueError:
+            WEIGHT_UPDATES.labels("disk", "rejected").inc()
+            raise
+        self._apply(params, session.staged)
+        self.state = session.state
+        WEIGHT_UPDATES.labels("disk", "ok").inc()
+        log.info(
+            "weight delta loaded from disk",
+            extra={"path": str(file.parent), "tensors": len(session.names), "bytes": blob.numel()},
+        )
+
+    def _check_delta(
+        self, bucket: Bucket, header: DeltaHeader, held: str | None
+    ) -> dict[str, torch.Tensor]:
+        """The model's tensors, if a delta part fits them: names, shapes and dtypes (bit
+        patterns are compared as the engine holds them), and the base state (`held`: the
+        weights' state before the update)."""
+        n = len(bucket.names)
+        if not n == len(bucket.dtypes) == len(bucket.shapes) == len(header.encodings):
+            raise ValueError("names, dtypes, shapes and delta.encodings must have one entry each")
+        declared = {
+            nm: (torch.Size(sh), dtype_from_name(dt))
+            for nm, dt, sh in zip(bucket.names, bucket.dtypes, bucket.shapes, strict=True)
+        }
+        params = self._check(declared)
+        wrong = [n for n, (_, dt) in declared.items() if params[n].dtype != dt]
+        if wrong:
+            raise ValueError(f"delta updates need the engine's dtype: {wrong[:5]}")
+        needs_base = any(e in ("same", "xor_zstd", "sparse_zstd") for e in header.encodings)
+        if needs_base and (held is None or header.base != held):
+            raise ValueError(f"{STALE_BASE} ({header.base}; this engine holds {held})")
+        return params
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        bucket: Bucket,
+        header: DeltaHeader,
+        blob: torch.Tensor,
+        params: dict[str, torch.Tensor],
+        session: UpdateSession,
+    ) -> None:
+        """Stage the decoded tensors of one part (nothing staged if one fails)."""
+        blob = blob.cpu()
+        decoded: dict[str, torch.Tensor] = {}
+        names: list[str] = []
+        offset = 0
+        for name, encoding, nbytes in zip(
+            bucket.names, header.encodings, header.nbytes, strict=True
+        ):
+            payload = blob[offset : offset + nbytes]
+            offset += nbytes
+            if encoding == "alias":
+                source = payload.numpy().tobytes().decode(errors="replace")
+                if source not in session.names and source not in names:
+                    raise ValueError(f"{name}: alias of {source!r}, not earlier in this update")
+                value = decoded.get(source, session.staged.get(source, params[source]))
+            elif encoding == "same":
+                if nbytes:
+                    raise ValueError(f"{name}: a 'same' tensor carries {nbytes} bytes")
+                names.append(name)  # unchanged: nothing to stage
+                continue
+            else:
+                p = params[name].detach()
+                enc = EncodedTensor(Encoding(encoding), payload, p.dtype, tuple(p.shape))
+                value = decode(p, enc, name)
+            decoded[name] = value
+            names.append(name)
+        session.staged.update(decoded)
+        session.names.extend(names)
+        if session.state != PLAIN:
+            session.state = header.state
+        session.checksum = header.checksum or session.checksum
+
+    def _verify(self, session: UpdateSession, params: dict[str, torch.Tensor]) -> None:
+        """ValueError (counted) when the session's result is not what the sender sent."""
+        if session.checksum is None:
+            return
+        got = state_checksum((n, session.staged.get(n, params[n])) for n in session.names)
+        if got != session.checksum:
+            CHECKSUM_MISMATCHES.inc()
+            self.state = None
+            log.error(
+                "weight checksum mismatch after an update",
+                extra={"expected": session.checksum, "got": got, "tensors": len(session.names)},
+            )
+            raise ValueError(f"{CHECKSUM_MISMATCH}: expected {session.checksum}, got {got}")
 
     def init_group(self, join: GroupJoin) -> None:
         group_name, rank_offset, world_size = join.group_name, join.rank_offset, join.world_size
@@ -146,7 +295,7 @@ class WeightLoader:
             raise ValueError(
                 "a weight-update session is already open; call end_weight_update() first"
             )
-        self.session = UpdateSession()
+        self.session = UpdateSession(held=self._held())
 
     def end_session(self) -> int:
         """Apply every staged tensor (all or nothing); returns how many were applied."""
@@ -158,7 +307,16 @@ class WeightLoader:
             raise ValueError(
                 f"nothing applied: a bucket of this session was rejected ({session.failure})"
             )
-        self._apply(self._params(), session.staged)
+        params = self._params()
+        try:
+            self._verify(session, params)
+        except ValueError:
+            if session.written and self.on_inconsistent is not None:
+                self.on_inconsistent()  # written in place already: no version is served whole
+            raise
+        self._apply(params, session.staged)
+        if session.state is not None:  # any update at all: the weights are at its state
+            self.state = None if session.state == PLAIN else session.state
         WEIGHT_UPDATES.labels("distributed", "ok").inc()
         return len(session.staged)
 
@@ -183,6 +341,8 @@ class WeightLoader:
         if group is None:
             WEIGHT_UPDATES.labels("distributed", "rejected").inc()
             raise ValueError(f"no weight update group {group_name!r}: call init first")
+        if bucket.delta is not None:
+            return self._receive_delta(bucket, bucket.delta, group, session)
         if not len(names) == len(dtypes) == len(shapes):
             raise ValueError("names, dtypes and shapes must have the same length")
         device = next(self.model.parameters()).device
@@ -209,6 +369,34 @@ class WeightLoader:
             session.failure = session.failure or str(problem)
             raise problem
         session.staged.update(targets)
+        session.state = PLAIN
+
+    def _receive_delta(
+        self, bucket: Bucket, header: DeltaHeader, group: Any, session: UpdateSession
+    ) -> None:
+        """One delta bucket: its payloads arrive as one uint8 broadcast (received even when
+        refusing: the sender broadcasts regardless), then decode into the session."""
+        import torch.distributed as dist
+
+        problem: ValueError | None = None
+        params: dict[str, torch.Tensor] = {}
+        try:
+            params = self._check_delta(bucket, header, session.held)
+        except ValueError as e:
+            problem = e
+        device = next(self.model.parameters()).device
+        blob = torch.empty(sum(header.nbytes), dtype=torch.uint8, device=device)
+        if blob.numel():
+            dist.broadcast(blob, src=0, group=group)
+        if problem is None:
+            try:
+                self._decode(bucket, header, blob, params, session)
+            except ValueError as e:
+                problem = e
+        if problem is not None:
+            WEIGHT_UPDATES.labels("distributed", "rejected").inc()
+            session.failure = session.failure or str(problem)
+            raise problem
 
     def close(self) -> None:
         for g in self.groups.values():

@@ -16,6 +16,11 @@ the sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weight
 The same code drives SGLang (NCCL on GPU, gloo on CPU) and our reference engine, through the
 engine clients the caller hands in (`protocol.WeightEngine`: `inference.client.InferenceClient`);
 an engine's refusal is a `protocol.EngineRefused`.
+
+With a `baseline.Baseline` (delta updates), a push to our engines sends each bucket as one
+uint8 broadcast of per-tensor payloads (`delta`: full bytes, nothing, XOR+zstd or sparse) with
+a `protocol.DeltaHeader`; the next bucket is encoded on a worker thread while one is on the
+wire. SGLang engines (no delta route) get the plain tensors, as without a baseline.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ from typing import Any
 
 import torch
 
+from searchr1.weightsync.baseline import (
+    Baseline,
+    Update,
+    delta_capable,
+    engine_copy,
+    log_resync,
+)
 from searchr1.weightsync.group import (
     abandon_weight_group,
     destroy_weight_group,
@@ -50,10 +62,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PushStats:
-    bytes: int
+    bytes: int  # on the wire (delta updates: the encoded payloads)
     seconds: float  # the transfer: first bucket posted to last bucket acknowledged
     weight_version: int
     paused_seconds: float = 0.0  # generation paused: pause + transfer + resume round trips
+    raw_bytes: int | None = None  # delta updates: the bytes a full push would have sent
+    delta: bool = False  # encoded against the engines' weights (not only full payloads)
 
     @property
     def gbytes_per_s(self) -> float:
@@ -75,7 +89,9 @@ class WeightSender:
         pause_mode: str | None = "retract",
         dtype: torch.dtype | None = None,
         timeout_s: float = 600.0,
+        baseline: Baseline | None = None,
     ) -> None:
+        """`baseline`: send delta updates to our engines, encoded against it (None: plain)."""
         if not engines:
             raise ValueError("engines is empty")
         if backend not in ("gloo", "nccl"):
@@ -92,6 +108,7 @@ class WeightSender:
         self.timeout_s = timeout_s
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         self._dtype = dtype
+        self.baseline = baseline
         self._clients = list(engines)
         self._group: Any = None
         self._store: Any = None  # the rendezvous server on master_port, from the first connect
@@ -246,9 +263,33 @@ class WeightSender:
         """Send every tensor to every engine; returns bytes, seconds and the new version.
 
         `version` is the weight version the engines serve afterwards; by default one more than
-        the highest version any engine reports."""
+        the highest version any engine reports. With a baseline: a delta where every engine
+        holds it, else full; a refused delta is resent in full at once."""
         if self._group is None:
             raise RuntimeError("call connect() first")
+        if self.baseline is None:
+            return await self._push(named_tensors, version, None)
+        named = list(named_tensors)
+        infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
+        if version is None:
+            version = max(i["weight_version"] for i in infos) + 1
+        if not delta_capable(infos):
+            return await self._push(named, version, None)
+        delta = self.baseline.usable([i["weight_version"] for i in infos])
+        try:
+            return await self._push(named, version, self.baseline.begin(version, delta=delta))
+        except EngineRefused as e:
+            if not delta or self._group is None:
+                raise
+            log_resync(e, [c.base_url for c in self._clients])
+        return await self._push(named, version, self.baseline.begin(version, delta=False))
+
+    async def _push(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None,
+        update: Update | None,
+    ) -> PushStats:
         if version is None:
             infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
             version = max(i["weight_version"] for i in infos) + 1
@@ -266,7 +307,10 @@ class WeightSender:
             try:
                 if failure is not None:
                     raise failure
-                total = await self._send_buckets(named_tensors, version)
+                if update is None:
+                    total = await self._send_buckets(named_tensors, version)
+                else:
+                    total = await self._send_delta(list(named_tensors), version, update)
             except BaseException as e:
                 failure = e
                 raise
@@ -279,11 +323,21 @@ class WeightSender:
                     *(c.continue_generation() for c in self._clients), return_exceptions=True
                 )
         paused = time.perf_counter() - paused_at
-        stats = PushStats(total, seconds, version, paused_seconds=paused)
+        if update is not None:
+            update.commit()
+        stats = PushStats(
+            total,
+            seconds,
+            version,
+            paused_seconds=paused,
+            raw_bytes=update.raw_bytes if update else None,
+            delta=bool(update and update.delta),
+        )
         log.info(
             "weights pushed",
             extra={
                 "bytes": total,
+                "delta": stats.delta,
                 "seconds": round(seconds, 3),
                 "paused_seconds": round(paused, 3),
                 "version": version,
@@ -321,6 +375,82 @@ class WeightSender:
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]
+        return total
+
+    def _plan(self, named: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+        """Buckets of at most `bucket_bytes` in the engines' dtype (before encoding): known up
+        front, so the last one is known before the first is sent."""
+        parts: list[list[tuple[str, torch.Tensor]]] = [[]]
+        size = 0
+        for name, t in named:
+            item = self._dtype.itemsize if self._dtype and t.is_floating_point() else None
+            nbytes = t.numel() * (item or t.element_size())
+            if parts[-1] and size + nbytes > self.bucket_bytes:
+                parts.append([])
+                size = 0
+            parts[-1].append((name, t))
+            size += nbytes
+        return parts if parts[-1] else []
+
+    def _encode(
+        self, part: list[tuple[str, torch.Tensor]], update: Update, version: int, last: bool
+    ) -> tuple[Bucket, torch.Tensor]:
+        """One bucket's header and its payloads as one uint8 tensor (worker thread)."""
+        names, dtypes, shapes, encodings, payloads = [], [], [], [], []
+        for name, t in part:
+            held = engine_copy(t, self._dtype)
+            encoding, payload = update.encode(name, held)
+            names.append(name)
+            dtypes.append(dtype_name(held.dtype))
+            shapes.append(list(held.shape))
+            encodings.append(encoding)
+            payloads.append(payload)
+        header = update.header(encodings, [p.numel() for p in payloads], last=last)
+        blob = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8)
+        bucket = Bucket(
+            names=names,
+            dtypes=dtypes,
+            shapes=shapes,
+            group_name=self.group_name,
+            weight_version=str(version) if last else None,
+            delta=header,
+        )
+        return bucket, blob.to(self.device)
+
+    async def _send_delta(
+        self, named: list[tuple[str, torch.Tensor]], version: int, update: Update
+    ) -> int:
+        """Like `_send_buckets`, each bucket one broadcast of its encoded payloads; bucket k+1
+        is encoded while bucket k is on the wire and being decoded."""
+        plan = self._plan(named)
+        total = 0
+        encoding: asyncio.Future[tuple[Bucket, torch.Tensor]] | None = None
+        try:
+            for i, part in enumerate(plan):
+                if encoding is None:
+                    encoding = asyncio.ensure_future(
+                        asyncio.to_thread(self._encode, part, update, version, i == len(plan) - 1)
+                    )
+                bucket, blob = await encoding
+                encoding = None
+                if i + 1 < len(plan):
+                    last = i + 2 == len(plan)
+                    encoding = asyncio.ensure_future(
+                        asyncio.to_thread(self._encode, plan[i + 1], update, version, last)
+                    )
+                calls = [
+                    asyncio.create_task(c.update_weights_from_distributed(bucket))
+                    for c in self._clients
+                ]
+                await self._broadcast_watching([blob] if blob.numel() else [], calls)
+                results = await asyncio.gather(*calls, return_exceptions=True)
+                total += blob.numel()
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:
+                    raise errors[0]
+        finally:
+            if encoding is not None:  # a failed bucket: the next one's encoding is not needed
+                encoding.add_done_callback(_observe)
         return total
 
     @property
