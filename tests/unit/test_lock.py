@@ -20,7 +20,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements.lock"
-LOCKED_EXTRAS = ("dev", "megatron")
+LOCKED_EXTRAS = ("dev", "megatron", "envs")
 # A pin and its hashes: `name==version \` then `    --hash=sha256:... \` lines.
 ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?: \\\n\s+--hash=\S+)*)", re.M)
 
@@ -148,7 +148,7 @@ def test_setup_elsewhere_falls_back_to_the_ranges_and_says_so(dev, monkeypatch, 
     out = capsys.readouterr().out
     assert "this is X: installing unlocked (pyproject.toml ranges)" in out
     assert not any("--require-hashes" in c for c in dev.ran)
-    assert any("constraints.txt" in " ".join(c) and "[dev,megatron]" in c[-1] for c in dev.ran)
+    assert any("constraints.txt" in " ".join(c) and "[dev,megatron,envs]" in c[-1] for c in dev.ran)
 
 
 def test_the_lock_fits_only_linux_x86_64_cpython_3_11(dev, monkeypatch) -> None:
