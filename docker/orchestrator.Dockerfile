@@ -53,10 +53,6 @@ COPY --from=deps /opt/venv /opt/venv
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     /opt/venv/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
 COPY docker/healthcheck.py /opt/searchr1/healthcheck.py
-# The python tool runs model-written code only inside bubblewrap (orchestrator/tools/sandbox.py):
-# this image's own layer, above those the four images share.
-RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap \
-    && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -110,19 +110,15 @@ def _layers(path: Path) -> list[tuple[str, str]]:
 
 
 def _shared_layers(path: Path) -> list[tuple[str, str]]:
-    """`_layers` without the trainer's extras (its `extras` stage and the layer installing
-    that stage's wheels) and the orchestrator's sandbox (bubblewrap)."""
+    """`_layers` without the trainer's extras: its `extras` stage and the layer installing
+    that stage's wheels."""
     out, in_extras = [], False
     for ins, rest in _layers(path):
         if ins == "FROM":
             in_extras = rest.endswith(" AS extras")
-        if not in_extras and "from=extras" not in rest and not _sandbox_layer(ins, rest):
+        if not in_extras and "from=extras" not in rest:
             out.append((ins, rest))
     return out
-
-
-def _sandbox_layer(ins: str, rest: str) -> bool:
-    return ins == "RUN" and "apt-get install" in rest and " bubblewrap" in rest
 
 
 def test_the_four_images_share_every_layer() -> None:
@@ -133,21 +129,8 @@ def test_the_four_images_share_every_layer() -> None:
     for path in DOCKERFILES[1:]:
         assert _shared_layers(path) == first, f"{path.name} differs from {DOCKERFILES[0].name}"
     for path in DOCKERFILES:
-        if path.stem not in ("trainer", "orchestrator"):
+        if path.stem != "trainer":
             assert _layers(path) == _shared_layers(path), f"{path.name} has extras"
-
-
-def test_the_orchestrator_image_installs_bubblewrap_last_as_root() -> None:
-    """The python tool refuses to start without `bwrap` (orchestrator/tools/sandbox.py): the
-    orchestrator image installs it in a layer of its own above the shared ones (which stay
-    shared), before USER drops root."""
-    final = stack.parse_dockerfile(stack.DOCKER / "orchestrator.Dockerfile").instructions
-    layers = [(i, r) for i, r in final if i in ("RUN", "COPY", "ADD")]
-    assert _sandbox_layer(*layers[-1]), layers[-1]
-    user = next(n for n, (i, _) in enumerate(final) if i == "USER")
-    assert final.index(layers[-1]) < user
-    assert not any(_sandbox_layer(*x) for p in DOCKERFILES if p.stem != "orchestrator"
-                   for x in _layers(p))  # fmt: skip
 
 
 def test_the_trainer_image_installs_the_megatron_extra_above_the_shared_venv() -> None:
