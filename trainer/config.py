@@ -225,6 +225,26 @@ class WeightPushConfig(Section):
         "the trainer's version; one behind (restarted: version 0) gets the current weights "
         "again. Single-rank trainers only.",
     )
+    delta: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Delta weight updates (searchr1.weightsync.delta): a push carries, per "
+        "tensor, what changed since the weights the engines hold (XOR + zstd, or nothing), to "
+        "our engines only (SGLang gets full tensors). auto: on for mode distributed over gloo "
+        "to engines on other hosts (a network link: 5x faster at 1 Gbit/s, 1.4x at 10, "
+        "docs/benchmarks.md), off on loopback, over NCCL, and for handover and disk (memory "
+        "and GPU links outrun the CPU encoding; SGLang loads disk pushes as Hugging Face "
+        "directories). on: every mode (disk: our engines only). The trainer keeps the last "
+        "weights sent in the engines' dtype (twice that in host memory: buffers are reused).",
+    )
+    delta_verify_every: int = Field(
+        default=10,
+        ge=0,
+        description="Delta updates: every N-th push carries the trainer's checksum of all the "
+        "weights it sent; each engine checks its own after applying: a mismatch undoes the "
+        "update (hand-over: marks the weights broken), is counted "
+        "(searchr1_weight_delta_resyncs_total{reason=checksum}) and everything is resent in "
+        "full at once. 0: never.",
+    )
 
     @model_validator(mode="after")
     def _check_release(self) -> WeightPushConfig:

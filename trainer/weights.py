@@ -16,6 +16,11 @@ Colocated placement (`release_engines_while_training`): before a training step t
 pause and release their memory (`release_engines`); a push first resumes their weights, hands
 the new ones over, then resumes the KV cache and lets generation continue (slime's
 `--colocate` order).
+
+Delta updates (`weight_push.delta`): one `searchr1.weightsync.baseline.Baseline` (the weights
+the engines hold, as last sent) serves every push, whichever mode; the senders encode against
+it. On disk a delta is a `delta.safetensors` directory our engine loads (SGLang: refused, it
+loads Hugging Face directories).
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from inference.client import InferenceBadRequest, InferenceClient, InferenceError
+from searchr1.weightsync.baseline import Baseline, delta_capable, log_resync, write_delta_dir
 from searchr1.weightsync.group import dtype_from_name
 from searchr1.weightsync.handover import HandoverSender
+from searchr1.weightsync.protocol import EngineRefused
 from searchr1.weightsync.sender import WeightSender
 from trainer.backend import TrainerBackend
 from trainer.config import PushMode, WeightPushConfig
@@ -61,6 +69,9 @@ class WeightPusher:
         # this trainer's own release.
         ours = cfg.handover_format == "searchr1"
         self._released = set(cfg.release_tags) if self.releases_engines and ours else set()
+        self.baseline = (
+            Baseline(verify_every=cfg.delta_verify_every) if delta_enabled(cfg) else None
+        )
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +129,7 @@ class WeightPusher:
                 backend=self.cfg.backend,
                 bucket_bytes=self.cfg.bucket_bytes,
                 dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
+                baseline=self.baseline,
             )
         if not self._sender.connected:
             await self._sender.connect()
@@ -125,7 +137,12 @@ class WeightPusher:
     async def push(self, backend: TrainerBackend, step: int) -> PushResult | None:
         """Collective over trainer ranks (gathering full tensors); the main rank sends."""
         start = time.perf_counter()
-        if self.cfg.mode == PushMode.DISK:
+        if self.cfg.mode == PushMode.DISK and self.baseline is not None:
+            named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
+            if not backend.is_main:
+                return None
+            version, nbytes = await self._disk_delta(named, step)
+        elif self.cfg.mode == PushMode.DISK:
             assert self.cfg.disk_dir is not None
             out = await asyncio.to_thread(
                 backend.export_hf, Path(self.cfg.disk_dir) / f"step_{step:08d}"
@@ -174,7 +191,10 @@ class WeightPusher:
                 pause_mode=None if release else "retract",
                 dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
                 tp_size=self.cfg.handover_tp_size,
+                baseline=self.baseline,
             )
+            if release and "weights" in self.cfg.release_tags and self.baseline is not None:
+                self.baseline.invalidate()  # released and resumed: nothing to encode against
             stats = await sender.push(named, version=step)
             if release:
                 await self._resume(clients, ["kv_cache"])
@@ -182,6 +202,40 @@ class WeightPusher:
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
         return int(stats.weight_version), int(stats.bytes)
+
+    async def _disk_delta(self, named: list[tuple[str, Any]], step: int) -> tuple[int, int]:
+        """A delta directory (full where the engines do not hold the baseline), loaded by every
+        engine; a refused delta is written and loaded again in full."""
+        assert self.baseline is not None and self.cfg.disk_dir is not None
+        out = Path(self.cfg.disk_dir) / f"step_{step:08d}"
+        clients = self._clients()
+        try:
+            infos = await asyncio.gather(*(c.get_model_info() for c in clients))
+            if not delta_capable(infos):
+                raise ValueError(
+                    "trainer.weight_push.delta on with mode disk needs our engines (SGLang loads "
+                    "Hugging Face directories): set delta off"
+                )
+            name = self.cfg.dtype or infos[0].get("dtype")
+            dtype = dtype_from_name(name) if name else None
+            delta = self.baseline.usable([int(i["weight_version"]) for i in infos])
+            for attempt in (True, False) if delta else (False,):
+                update = self.baseline.begin(step, delta=attempt)
+                nbytes = await asyncio.to_thread(write_delta_dir, out, named, update, dtype)
+                try:
+                    await asyncio.gather(
+                        *(c.update_weights_from_disk(str(out), version=step) for c in clients)
+                    )
+                except EngineRefused as e:
+                    if not attempt:
+                        raise
+                    log_resync(e, self.cfg.engine_urls)
+                    continue
+                update.commit()
+                return step, nbytes
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+        raise AssertionError("unreachable: the full attempt returns or raises")
 
     async def _update_from_disk(self, path: str, version: int) -> int:
         clients = self._clients()
@@ -211,6 +265,23 @@ class WeightPusher:
         if self._sender is not None:
             await self._sender.close()
             self._sender = None
+
+
+def delta_enabled(cfg: WeightPushConfig) -> bool:
+    """`weight_push.delta` resolved: auto is on only where a network link carries the weights
+    (gloo to engines on other hosts); on loopback, over NCCL and in memory the CPU encoding
+    costs more than the bytes it saves (docs/benchmarks.md)."""
+    if cfg.mode == PushMode.NONE or cfg.delta == "off":
+        return False
+    if cfg.delta == "on":
+        return True
+    loopback = all(_is_loopback(u) for u in cfg.engine_urls)
+    return cfg.mode == PushMode.DISTRIBUTED and cfg.backend == "gloo" and not loopback
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url if "://" in url else f"http://{url}").hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _dir_bytes(path: Path) -> int:

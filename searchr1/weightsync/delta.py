@@ -24,9 +24,10 @@ can compare weights after an update without moving them.
 from __future__ import annotations
 
 import hashlib
+import threading
 import warnings
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -94,20 +95,26 @@ def encode(
     *,
     level: int = ZSTD_LEVEL,
     threads: int = 0,
+    consume_prev: bool = False,
 ) -> EncodedTensor:
     """`new` as the smallest of full / same / xor_zstd / sparse_zstd against `prev` (a tensor
     the receiver holds bit for bit). Full when there is no comparable `prev` (none, another
-    shape or dtype). Both tensors on the CPU."""
+    shape or dtype). Both tensors on the CPU. `consume_prev`: the XOR is computed in `prev`'s
+    memory (its content is lost; a sender recycles the buffer), not in a fresh buffer."""
     new = new.detach().contiguous()
     shape = tuple(new.shape)
     full = EncodedTensor(Encoding.FULL, _raw(new), new.dtype, shape)
     if prev is None or tuple(prev.shape) != shape or prev.dtype != new.dtype or not new.numel():
         return full
-    xor = bits(prev) ^ bits(new)
+    if consume_prev and prev.is_contiguous():
+        xor = bits(prev).bitwise_xor_(bits(new))
+    else:
+        xor = bits(prev) ^ bits(new)
     changed = int(torch.count_nonzero(xor))
     if changed == 0:
         return EncodedTensor(Encoding.SAME, torch.empty(0, dtype=torch.uint8), new.dtype, shape)
-    zc = zstandard.ZstdCompressor(level=level, threads=threads)
+    # The frame's own checksum (xxhash64 of the content): corrupt data is caught on decoding.
+    zc = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
     best = full
     packed = _from_bytes(zc.compress(xor.numpy()))
     if packed.numel() < best.nbytes:
@@ -122,17 +129,23 @@ def encode(
     return best
 
 
-def _decompress(payload: torch.Tensor, limit: int, what: str) -> torch.Tensor:
-    """The frame's content, refused unless it declares a size of at most `limit` bytes."""
-    data = payload.numpy()
+def _frame_size(payload: torch.Tensor, limit: int, what: str) -> int:
+    """The content size a zstd frame declares, refused above `limit` (never allocated on a
+    frame's word alone) or when it declares none."""
     try:
-        size = zstandard.frame_content_size(data)
+        size = zstandard.frame_content_size(payload.numpy())
     except zstandard.ZstdError as e:
         raise ValueError(f"{what}: not a zstd frame ({e})") from None
     if size < 0 or size > limit:
         raise ValueError(f"{what}: the zstd frame declares {size} bytes (at most {limit})")
+    return size
+
+
+def _decompress(payload: torch.Tensor, limit: int, what: str) -> torch.Tensor:
+    """The frame's content, refused unless it declares a size of at most `limit` bytes."""
+    size = _frame_size(payload, limit, what)
     try:
-        out = zstandard.ZstdDecompressor().decompress(data)
+        out = zstandard.ZstdDecompressor().decompress(payload.numpy())
     except zstandard.ZstdError as e:
         raise ValueError(f"{what}: corrupt zstd data ({e})") from None
     if len(out) != size:
@@ -140,10 +153,81 @@ def _decompress(payload: torch.Tensor, limit: int, what: str) -> torch.Tensor:
     return _from_bytes(out)
 
 
+_CHUNK = 4 << 20  # bytes of XOR decompressed at a time: memory already touched, reused
+_scratch = threading.local()
+
+
+def _chunk_buffer() -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = torch.empty(_CHUNK, dtype=torch.uint8)
+    return buf
+
+
+def _xor_stream(
+    flat: torch.Tensor,
+    payload: torch.Tensor,
+    upto: int | None = None,
+    done: list[int] | None = None,
+) -> None:
+    """XOR the decompressed stream into `flat` (integer view), a chunk at a time, each chunk
+    only once read whole; `done[0]`: the bytes XORed so far. Raises zstandard.ZstdError for
+    corrupt data. `upto`: stop there (the undo of a failed pass)."""
+    size = flat.element_size()
+    total = flat.numel() * size if upto is None else upto
+    buf = _chunk_buffer()
+    done = [0] if done is None else done
+    with zstandard.ZstdDecompressor().stream_reader(payload.numpy()) as reader:
+        while done[0] < total:
+            want = min(_CHUNK, total - done[0])
+            got = 0
+            view = memoryview(buf.numpy())
+            while got < want:
+                n = reader.readinto(view[got:want])
+                if n == 0:
+                    raise zstandard.ZstdError(f"truncated: {done[0] + got} of {total} bytes")
+                got += n
+            part = buf[:want].view(flat.dtype).to(flat.device)
+            flat[done[0] // size : (done[0] + want) // size].bitwise_xor_(part)
+            done[0] += want
+        if upto is None and reader.read(1):
+            raise zstandard.ZstdError("more data than the tensor holds")
+
+
+Undo = Callable[[], None]
+
+
+def _noop() -> None:
+    return None
+
+
+def _swap(raw: torch.Tensor, payload: torch.Tensor) -> None:
+    """Exchange the bytes of `raw` (any device) and `payload` (CPU), a chunk at a time."""
+    buf = _chunk_buffer()
+    for start in range(0, raw.numel(), _CHUNK):
+        end = min(start + _CHUNK, raw.numel())
+        tmp = buf[: end - start]
+        tmp.copy_(raw[start:end])
+        raw[start:end].copy_(payload[start:end])
+        payload[start:end].copy_(tmp)
+
+
+def _restore(flat: torch.Tensor, old: torch.Tensor, idx: torch.Tensor | None = None) -> None:
+    if idx is None:
+        flat.copy_(old)
+    else:
+        flat[idx] = old
+
+
 @torch.no_grad()
-def apply_in_place(target: torch.Tensor, enc: EncodedTensor, what: str = "tensor") -> None:
-    """Turn `target` (holding the previous version, on any device) into the encoded one.
-    ValueError (target unchanged) for a payload that does not fit it."""
+def apply_in_place(
+    target: torch.Tensor, enc: EncodedTensor, what: str = "tensor", *, swap: bool = False
+) -> Undo:
+    """Turn `target` (holding the previous version, on any device) into the encoded one;
+    returns what turns it back. ValueError (target unchanged) for a payload that does not fit
+    it. An XOR is decompressed a chunk at a time straight into the target (no tensor-sized
+    buffer), and its undo is the same XOR again. `swap`: a full payload (writable) trades
+    places with the target's bytes, so the undo needs no copy of the old tensor either."""
     if tuple(target.shape) != enc.shape or target.dtype != enc.dtype:
         raise ValueError(
             f"{what}: encoded as {enc.dtype} {list(enc.shape)}, target is {target.dtype} "
@@ -156,16 +240,29 @@ def apply_in_place(target: torch.Tensor, enc: EncodedTensor, what: str = "tensor
     if enc.encoding == Encoding.SAME:
         if enc.nbytes:
             raise ValueError(f"{what}: a 'same' tensor carries {enc.nbytes} bytes")
-    elif enc.encoding == Encoding.FULL:
+        return _noop
+    if enc.encoding == Encoding.FULL:
         if enc.nbytes != numel * size:
             raise ValueError(f"{what}: {enc.nbytes} bytes for {numel * size}")
+        if swap:
+            raw = flat.view(torch.uint8)
+            _swap(raw, enc.payload)
+            return lambda: _swap(raw, enc.payload)
+        old = flat.clone()
         flat.copy_(_view(enc.payload, flat.dtype).to(target.device))
-    elif enc.encoding == Encoding.XOR_ZSTD:
-        xor = _decompress(enc.payload, numel * size, what)
-        if xor.numel() != numel * size:
-            raise ValueError(f"{what}: the XOR has {xor.numel()} bytes for {numel * size}")
-        flat.bitwise_xor_(_view(xor, flat.dtype).to(target.device))
-    elif enc.encoding == Encoding.SPARSE_ZSTD:
+        return lambda: _restore(flat, old)
+    if enc.encoding == Encoding.XOR_ZSTD:
+        declared = _frame_size(enc.payload, numel * size, what)
+        if declared != numel * size:
+            raise ValueError(f"{what}: the XOR has {declared} bytes for {numel * size}")
+        done = [0]
+        try:
+            _xor_stream(flat, enc.payload, done=done)
+        except zstandard.ZstdError as e:
+            _xor_stream(flat, enc.payload, upto=done[0])  # the same bytes again: undone
+            raise ValueError(f"{what}: corrupt zstd data ({e})") from None
+        return lambda: _xor_stream(flat, enc.payload)
+    if enc.encoding == Encoding.SPARSE_ZSTD:
         index_dtype = _index_dtype(numel)
         entry = index_dtype.itemsize + size
         body = _decompress(enc.payload, numel * entry, what)
@@ -175,21 +272,25 @@ def apply_in_place(target: torch.Tensor, enc: EncodedTensor, what: str = "tensor
         gaps = _view(body[: n * index_dtype.itemsize], index_dtype).to(torch.int64)
         if n and (int(gaps.min()) < 1 or int(gaps.sum()) > numel):
             raise ValueError(f"{what}: sparse indices out of order or out of range")
-        idx = torch.cumsum(gaps, 0) - 1
+        idx = (torch.cumsum(gaps, 0) - 1).to(target.device)
         values = _view(body[n * index_dtype.itemsize :], flat.dtype)
-        flat[idx.to(target.device)] = values.to(target.device)
-    else:  # pragma: no cover - the enum is closed
-        raise ValueError(f"{what}: unknown encoding {enc.encoding!r}")
+        old_values = flat[idx]
+        flat[idx] = values.to(target.device)
+        return lambda: _restore(flat, old_values, idx)
+    raise ValueError(f"{what}: unknown encoding {enc.encoding!r}")  # pragma: no cover
 
 
 def decode(prev: torch.Tensor | None, enc: EncodedTensor, what: str = "tensor") -> torch.Tensor:
     """The new tensor, from `prev` (needed unless full) and its encoding; `prev` unchanged."""
     if enc.encoding == Encoding.FULL:
         out = torch.empty(enc.shape, dtype=enc.dtype)
-    elif prev is None:
+        if enc.nbytes != out.numel() * out.element_size():
+            raise ValueError(f"{what}: {enc.nbytes} bytes for {out.numel() * out.element_size()}")
+        out.view(-1).view(torch.uint8).copy_(enc.payload)
+        return out
+    if prev is None:
         raise ValueError(f"{what}: a {enc.encoding} delta needs the previous tensor")
-    else:
-        out = prev.detach().clone(memory_format=torch.contiguous_format)
+    out = prev.detach().clone(memory_format=torch.contiguous_format)
     apply_in_place(out, enc, what)
     return out
 
@@ -199,10 +300,19 @@ def tensor_crc(t: torch.Tensor) -> int:
     return zlib.crc32(_raw(t.detach().cpu()).numpy())
 
 
+def tensor_digest(name: str, t: torch.Tensor) -> str:
+    """One tensor's part of `state_checksum` (computed as it goes by a sender)."""
+    return f"{name}\0{t.dtype}\0{list(t.shape)}\0{tensor_crc(t):08x}\n"
+
+
+def combine_digests(digests: Iterable[str]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for d in sorted(digests):
+        h.update(d.encode())
+    return h.hexdigest()
+
+
 def state_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     """An exact fingerprint of named tensors (order-independent): equal iff, with certainty up
     to CRC-32 per tensor, every name holds the same dtype, shape and bytes."""
-    h = hashlib.blake2b(digest_size=16)
-    for name, t in sorted(named, key=lambda nt: nt[0]):
-        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0{tensor_crc(t):08x}\n".encode())
-    return h.hexdigest()
+    return combine_digests(tensor_digest(n, t) for n, t in named)

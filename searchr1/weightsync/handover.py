@@ -42,13 +42,7 @@ from typing import Annotated, Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from searchr1.weightsync.baseline import (
-    Baseline,
-    Update,
-    delta_capable,
-    engine_copy,
-    log_resync,
-)
+from searchr1.weightsync.baseline import Baseline, Update, delta_capable, log_resync
 from searchr1.weightsync.group import dtype_from_name, dtype_name
 from searchr1.weightsync.protocol import DTYPE_NAMES, DeltaHeader, EngineRefused
 from searchr1.weightsync.sender import PushStats, _close_sessions, _open_session, _with_last
@@ -493,8 +487,7 @@ class HandoverSender:
         """A bucket's payloads against the baseline, packed (worker thread)."""
         held, encodings, payloads = [], [], []
         for name, t in bucket:
-            copy = engine_copy(t, self.dtype)
-            encoding, payload = update.encode(name, copy)
+            copy, encoding, payload = update.encode(name, t, self.dtype)
             held.append((name, copy))
             encodings.append(encoding)
             payloads.append(payload)

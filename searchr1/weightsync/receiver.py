@@ -14,15 +14,18 @@ and only if every bucket of the session was accepted: a push that fails midway l
 weights whole, never a mix.
 
 Delta updates (a `protocol.DeltaHeader` on the bucket, or a `delta.safetensors` directory on
-disk): each tensor is decoded against the weights the model holds (`delta`), and only if the
-model holds the state the deltas were made against (`state`: named by the update that made it;
-unknown after a start, a plain update or a failed one). With a checksum on the update, the
-result is compared with the sender's before it takes effect: a mismatch applies nothing (staged
-paths), is counted, and the sender resends everything in full.
+disk) are refused unless the model holds the state the deltas were made against (`state`: named
+by the update that made it; unknown after a start, a plain update or a failed one). Their
+payloads are kept (compressed) until the end, then decoded straight into the weights (an XOR a
+chunk at a time: no second copy of the model, unlike staging) and, with a checksum on the
+update, compared with the sender's. A corrupt payload or a mismatch undoes the whole update (an
+XOR by applying it again), is counted, and the sender resends everything in full. (Hand-overs
+write in place as they come: `inference.tensor_update`.)
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 
-from searchr1.weightsync.delta import EncodedTensor, Encoding, decode, state_checksum
+from searchr1.weightsync.delta import EncodedTensor, Encoding, Undo, apply_in_place, state_checksum
 from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
 from searchr1.weightsync.protocol import (
     CHECKSUM_MISMATCH,
@@ -58,8 +61,8 @@ WEIGHT_UPDATES = Counter(
 )
 CHECKSUM_MISMATCHES = Counter(
     "searchr1_inference_weight_checksum_mismatches_total",
-    "Weight updates whose result did not match the sender's checksum (not applied where "
-    "staged; the sender resends in full)",
+    "Weight updates whose result did not match the sender's checksum (undone, except a "
+    "hand-over's; the sender resends in full)",
 )
 PLAIN = "plain"  # a session with a bucket of plain tensors: its result is no named state
 
@@ -73,8 +76,14 @@ class UpdateSession:
     state: str | None = None  # the delta state the updates make (`PLAIN`: none)
     checksum: str | None = None  # the sender's, of every tensor of the session
     names: list[str] = field(default_factory=list)  # delta updates: every tensor, in order
+    # Delta parts received: (name, encoding, payload), decoded into the weights at the end.
+    patches: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
     written: set[int] = field(default_factory=set)  # hand-over: storages written in place
     held: str | None = None  # the state the weights were at when the session began
+
+
+def _copy_back(target: torch.Tensor, old: torch.Tensor) -> None:
+    target.copy_(old)
 
 
 class WeightLoader:
@@ -163,12 +172,12 @@ class WeightLoader:
             params = self._check_delta(bucket, bucket.delta, self._held())
             if blob.dtype != torch.uint8 or blob.numel() != sum(bucket.delta.nbytes):
                 raise ValueError(f"{file}: payload is not {sum(bucket.delta.nbytes)} bytes")
-            self._decode(bucket, bucket.delta, blob, params, session)
-            self._verify(session, params)
+            self._stage_delta(bucket, bucket.delta, blob, params, session)
+            self.state = None  # until it is applied whole
+            self._apply_patches(params, session)
         except ValueError:
             WEIGHT_UPDATES.labels("disk", "rejected").inc()
             raise
-        self._apply(params, session.staged)
         self.state = session.state
         WEIGHT_UPDATES.labels("disk", "ok").inc()
         log.info(
@@ -198,8 +207,7 @@ class WeightLoader:
             raise ValueError(f"{STALE_BASE} ({header.base}; this engine holds {held})")
         return params
 
-    @torch.no_grad()
-    def _decode(
+    def _stage_delta(
         self,
         bucket: Bucket,
         header: DeltaHeader,
@@ -207,9 +215,9 @@ class WeightLoader:
         params: dict[str, torch.Tensor],
         session: UpdateSession,
     ) -> None:
-        """Stage the decoded tensors of one part (nothing staged if one fails)."""
+        """Keep one part's payloads for `_apply_patches` (nothing kept if one is refused)."""
         blob = blob.cpu()
-        decoded: dict[str, torch.Tensor] = {}
+        patches: list[tuple[str, str, torch.Tensor]] = []
         names: list[str] = []
         offset = 0
         for name, encoding, nbytes in zip(
@@ -217,33 +225,54 @@ class WeightLoader:
         ):
             payload = blob[offset : offset + nbytes]
             offset += nbytes
+            p = params[name]
             if encoding == "alias":
                 source = payload.numpy().tobytes().decode(errors="replace")
                 if source not in session.names and source not in names:
                     raise ValueError(f"{name}: alias of {source!r}, not earlier in this update")
-                value = decoded.get(source, session.staged.get(source, params[source]))
-            elif encoding == "same":
-                if nbytes:
-                    raise ValueError(f"{name}: a 'same' tensor carries {nbytes} bytes")
-                names.append(name)  # unchanged: nothing to stage
-                continue
-            else:
-                p = params[name].detach()
-                enc = EncodedTensor(Encoding(encoding), payload, p.dtype, tuple(p.shape))
-                value = decode(p, enc, name)
-            decoded[name] = value
+                if params[source].shape != p.shape or params[source].dtype != p.dtype:
+                    raise ValueError(f"{name}: alias of {source!r}, another shape or dtype")
+            elif encoding == "same" and nbytes:
+                raise ValueError(f"{name}: a 'same' tensor carries {nbytes} bytes")
+            elif encoding == "full" and nbytes != p.numel() * p.element_size():
+                raise ValueError(f"{name}: {nbytes} bytes for {p.numel() * p.element_size()}")
+            patches.append((name, encoding, payload))
             names.append(name)
-        session.staged.update(decoded)
+        session.patches.extend(patches)
         session.names.extend(names)
         if session.state != PLAIN:
             session.state = header.state
         session.checksum = header.checksum or session.checksum
 
+    @torch.no_grad()
+    def _apply_patches(self, params: dict[str, torch.Tensor], session: UpdateSession) -> None:
+        """Decode every kept payload straight into its parameter (an XOR a chunk at a time:
+        no second copy of the weights), then check the sender's checksum. ValueError: a payload
+        turned out corrupt, or the result is not the sender's: everything is undone first."""
+        undos: list[Undo] = []
+        try:
+            for name, encoding, payload in session.patches:
+                p = params[name].data
+                if encoding == "alias":
+                    source = params[payload.numpy().tobytes().decode()].data
+                    if source.data_ptr() != p.data_ptr():  # tied here too: nothing to do
+                        old = p.clone()
+                        p.copy_(source)
+                        undos.append(functools.partial(_copy_back, p, old))
+                elif encoding != "same":
+                    enc = EncodedTensor(Encoding(encoding), payload, p.dtype, tuple(p.shape))
+                    undos.append(apply_in_place(p, enc, name, swap=True))
+            self._verify(session, params)
+        except ValueError:
+            for undo in reversed(undos):
+                undo()
+            raise
+
     def _verify(self, session: UpdateSession, params: dict[str, torch.Tensor]) -> None:
         """ValueError (counted) when the session's result is not what the sender sent."""
         if session.checksum is None:
             return
-        got = state_checksum((n, session.staged.get(n, params[n])) for n in session.names)
+        got = state_checksum((n, params[n]) for n in session.names)
         if got != session.checksum:
             CHECKSUM_MISMATCHES.inc()
             self.state = None
@@ -308,17 +337,24 @@ class WeightLoader:
                 f"nothing applied: a bucket of this session was rejected ({session.failure})"
             )
         params = self._params()
-        try:
-            self._verify(session, params)
-        except ValueError:
-            if session.written and self.on_inconsistent is not None:
-                self.on_inconsistent()  # written in place already: no version is served whole
-            raise
+        if session.written:  # hand-over: written in place already, checked now
+            try:
+                self._verify(session, params)
+            except ValueError:
+                if self.on_inconsistent is not None:
+                    self.on_inconsistent()  # no version is served whole
+                raise
+        elif session.patches:
+            try:
+                self._apply_patches(params, session)
+            except ValueError:
+                WEIGHT_UPDATES.labels("distributed", "discarded").inc()
+                raise
         self._apply(params, session.staged)
         if session.state is not None:  # any update at all: the weights are at its state
             self.state = None if session.state == PLAIN else session.state
         WEIGHT_UPDATES.labels("distributed", "ok").inc()
-        return len(session.staged)
+        return len(session.staged) + len(session.patches)
 
     def receive(self, bucket: Bucket) -> None:
         """Receive one bucket into the open session (staged, not yet applied)."""
@@ -390,7 +426,7 @@ class WeightLoader:
             dist.broadcast(blob, src=0, group=group)
         if problem is None:
             try:
-                self._decode(bucket, header, blob, params, session)
+                self._stage_delta(bucket, header, blob, params, session)
             except ValueError as e:
                 problem = e
         if problem is not None:

@@ -39,13 +39,7 @@ from typing import Any
 
 import torch
 
-from searchr1.weightsync.baseline import (
-    Baseline,
-    Update,
-    delta_capable,
-    engine_copy,
-    log_resync,
-)
+from searchr1.weightsync.baseline import Baseline, Update, delta_capable, log_resync
 from searchr1.weightsync.group import (
     abandon_weight_group,
     destroy_weight_group,
@@ -398,8 +392,7 @@ class WeightSender:
         """One bucket's header and its payloads as one uint8 tensor (worker thread)."""
         names, dtypes, shapes, encodings, payloads = [], [], [], [], []
         for name, t in part:
-            held = engine_copy(t, self._dtype)
-            encoding, payload = update.encode(name, held)
+            held, encoding, payload = update.encode(name, t, self._dtype)
             names.append(name)
             dtypes.append(dtype_name(held.dtype))
             shapes.append(list(held.shape))

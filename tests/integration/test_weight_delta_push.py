@@ -110,3 +110,44 @@ async def test_mismatch_and_stale_base_are_resent_in_full(
     assert not stats.delta and resyncs("stale_base") == before + 1
     assert (await sender.push(weights.step(), version=v0 + 6)).delta
     await client.aclose()
+
+
+class PushSide:
+    """What the trainer's pusher asks of a backend."""
+
+    is_main = True
+
+    def __init__(self, weights: Weights) -> None:
+        self.weights = weights
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.weights.tensors.items()
+
+
+async def test_the_trainer_pushes_deltas_through_disk(
+    server: Target, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from trainer.config import WeightPushConfig
+    from trainer.weights import WeightPusher
+
+    cfg = WeightPushConfig(
+        mode="disk", delta="on", delta_verify_every=1, disk_dir=str(tmp_path),
+        engine_urls=[server.url],
+    )  # fmt: skip
+    pusher = WeightPusher(cfg, token=TOKEN)
+    weights = Weights(tiny_model_dir)
+    backend = PushSide(weights)
+    mismatches = engine_metric(server, "searchr1_inference_weight_checksum_mismatches_total")
+    client = InferenceClient(server.url, timeout_s=60, token=TOKEN)
+    v0 = (await client.get_model_info())["weight_version"]
+    weights.step()
+    first = await pusher.push(backend, v0 + 1)  # type: ignore[arg-type]
+    weights.step()
+    second = await pusher.push(backend, v0 + 2)  # type: ignore[arg-type]
+    assert first is not None and second is not None and second.bytes * 4 < first.bytes
+    assert (tmp_path / f"step_{v0 + 2:08d}" / "delta.safetensors").is_file()
+    assert (await client.get_model_info())["weight_version"] == v0 + 2
+    after = engine_metric(server, "searchr1_inference_weight_checksum_mismatches_total")
+    assert after == mismatches  # both checked, both matched
+    await client.aclose()
+    await pusher.close()

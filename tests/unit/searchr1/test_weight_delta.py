@@ -131,11 +131,11 @@ def test_corrupt_payloads_are_refused_and_change_nothing(encoding: Encoding) -> 
     target = w.clone()
     good = encode(w, nudged(w, 1e-5 if encoding == Encoding.SPARSE_ZSTD else 0.2))
     if encoding in (Encoding.FULL, Encoding.SAME):
-        good = EncodedTensor(encoding, torch.zeros(11, dtype=torch.uint8), w.dtype, tuple(w.shape))
+        good = EncodedTensor(encoding, torch.zeros(27, dtype=torch.uint8), w.dtype, tuple(w.shape))
     else:
         assert good.encoding == encoding
     bad = [
-        EncodedTensor(encoding, good.payload[:-3], good.dtype, good.shape),
+        EncodedTensor(encoding, good.payload[:-16], good.dtype, good.shape),
         EncodedTensor(encoding, good.payload, good.dtype, (3, 3)),
     ]
     for enc in bad:
@@ -189,3 +189,50 @@ def test_state_checksum_is_exact_and_order_free() -> None:
     assert base != state_checksum([("a", b), ("b", a)])  # names bound to their tensors
     assert base != state_checksum([("a", a.float()), ("b", b)])
     assert base != state_checksum([("a", a.reshape(64, 256)), ("b", b)])
+
+
+@pytest.mark.parametrize("share", [0.0, 1e-5, 0.2, 1.0])
+def test_apply_in_place_returns_its_undo(share: float) -> None:
+    w = weights(torch.bfloat16, (1024, 1024))
+    new = nudged(w, share) if share < 1 else weights(torch.bfloat16, (1024, 1024), seed=9)
+    target = w.clone()
+    undo = apply_in_place(target, encode(w, new))
+    assert identical(target, new)
+    undo()
+    assert identical(target, w)
+
+
+def test_corruption_found_after_chunks_were_applied_is_undone() -> None:
+    """A flipped byte mid-payload surfaces at the frame's checksum, after several chunks of
+    the XOR went into the target: all of them are taken back."""
+    w = weights(torch.float32, (2048, 1024))  # 8 MB: two chunks and more
+    enc = encode(w, nudged(w, 0.05))
+    assert enc.encoding == Encoding.XOR_ZSTD
+    payload = enc.payload.clone()
+    payload[payload.numel() // 2] ^= 0x10
+    target = w.clone()
+    with pytest.raises(ValueError, match="corrupt"):
+        apply_in_place(target, EncodedTensor(enc.encoding, payload, enc.dtype, enc.shape))
+    assert identical(target, w)
+
+
+def test_encode_can_reuse_the_previous_buffer() -> None:
+    w = weights(torch.bfloat16, (512, 512))
+    new = nudged(w, 0.05)
+    expected = encode(w, new)
+    scratch = w.clone()
+    got = encode(scratch, new, consume_prev=True)
+    assert got.encoding == expected.encoding and torch.equal(got.payload, expected.payload)
+    assert identical(decode(w, got), new)
+
+
+def test_a_full_payload_swapped_in_is_undone_by_swapping_back() -> None:
+    w = weights(torch.float32, (1500, 1024))  # 6 MB: more than one chunk
+    new = weights(torch.float32, (1500, 1024), seed=2)
+    enc = encode(None, new.clone())
+    target = w.clone()
+    undo = apply_in_place(target, enc, swap=True)
+    assert identical(target, new)
+    assert torch.equal(enc.payload, w.reshape(-1).view(torch.uint8))  # it holds the old bytes
+    undo()
+    assert identical(target, w)

@@ -227,3 +227,29 @@ def test_disk_delta_with_a_wrong_checksum_applies_nothing(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=CHECKSUM_MISMATCH):
         loader.load_from_disk(tmp_path / "s2")
     assert state_checksum(model.state_dict().items()) == held and loader.state is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend", "urls", "delta", "on"),
+    [
+        ("distributed", "gloo", ["http://10.0.0.5:30000"], "auto", True),
+        ("distributed", "gloo", ["http://127.0.0.1:30000"], "auto", False),  # loopback
+        ("distributed", "gloo", ["http://localhost:30000", "http://10.0.0.5:1"], "auto", True),
+        ("distributed", "nccl", ["http://10.0.0.5:30000"], "auto", False),
+        ("handover", "gloo", ["http://10.0.0.5:30000"], "auto", False),
+        ("disk", "gloo", ["http://10.0.0.5:30000"], "auto", False),
+        ("disk", "gloo", ["http://10.0.0.5:30000"], "on", True),
+        ("distributed", "gloo", ["http://10.0.0.5:30000"], "off", False),
+        ("none", "gloo", [], "on", False),
+    ],
+)
+def test_where_delta_is_on_by_default(
+    mode: str, backend: str, urls: list[str], delta: str, on: bool, tmp_path: Path
+) -> None:
+    from trainer.config import WeightPushConfig
+    from trainer.weights import delta_enabled
+
+    cfg = WeightPushConfig(
+        mode=mode, backend=backend, engine_urls=urls, delta=delta, disk_dir=str(tmp_path)
+    )
+    assert delta_enabled(cfg) is on
