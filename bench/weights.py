@@ -101,12 +101,12 @@ def set_link(name: str) -> None:
 class Trainer:
     """A Qwen2.5-0.5B-shaped model in fp32 taking real AdamW steps at lr 1e-6."""
 
-    def __init__(self, layers: int, model_dir: Path) -> None:
+    def __init__(self, layers: int, model_dir: Path, vocab: int = 151936) -> None:
         from transformers import Qwen2ForCausalLM
 
         make_tiny_model(model_dir)  # the tokenizer files; config and weights replaced below
         config = qwen2_config(
-            vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=layers,
+            vocab_size=vocab, hidden_size=896, intermediate_size=4864, num_layers=layers,
             num_heads=14, num_kv_heads=2, max_position_embeddings=32768,
             tie_word_embeddings=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
         )  # fmt: skip
@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2, help="training steps (push pairs) per link")
     ap.add_argument("--links", default="loopback,10gbit,1gbit")
+    ap.add_argument("--vocab", type=int, default=151936, help="smaller: a smoke run only")
     ap.add_argument("--quick", action="store_true", help="--layers 2 --rounds 2")
     ap.add_argument(
         "--verify-every",
@@ -263,7 +264,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)  # the trainer's steps and casts
     env = {"SEARCHR1_INFERENCE__TORCH_ENGINE__DTYPE": "bfloat16"}
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as tmp:
-        trainer = Trainer(args.layers, Path(tmp) / "model")
+        trainer = Trainer(args.layers, Path(tmp) / "model", args.vocab)
         with (
             InferenceServerProcess(trainer_dir := Path(tmp) / "model", admin_token=TOKEN,
                                    env=env, ready_timeout_s=600) as plain_engine,

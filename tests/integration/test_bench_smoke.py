@@ -54,6 +54,8 @@ SMOKE: dict[str, tuple[list[str], int]] = {
                  "--vocab", "256", "--repeats", "1"], 120),
     "trainer_step": (["--shape", "tiny", "--samples", "4", "--budget", "256", "--repeats", "1",
                       "--device", "cpu", "--profile", TMP], 120),
+    "weights": (["--layers", "1", "--rounds", "1", "--links", "loopback", "--vocab", "4096"],
+                180),
 }  # fmt: skip
 # Run by test_demo_benches_smoke, one feeding the other.
 DEMO = {"demo_seeds", "demo_runs"}
