@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from searchr1.chat_template import prompt_token_ids
+
+__all__ = [
+    "SEARCH_R1_INSTRUCTION",
+    "make_prompt_text",
+    "make_row",
+    "preprocess_question",
+    "prompt_token_ids",
+]
+
 SEARCH_R1_INSTRUCTION = (
     "Answer the given question. "
     "You must conduct reasoning inside <think> and </think> first every time you get new "
@@ -46,18 +56,3 @@ def make_row(
         "reward_model": {"style": "rule", "ground_truth": {"target": list(golden_answers)}},
         "extra_info": {"split": split, "index": index},
     }
-
-
-def prompt_token_ids(
-    tokenizer: Any, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
-) -> list[int]:
-    """Render with the chat template (`add_generation_prompt=True`) and tokenize once.
-
-    The rendered text already holds the template's special tokens, so no others are added.
-    `tools` (function schemas) are passed to the template for the function-calling format.
-    """
-    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-    text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False, **kwargs
-    )
-    return list(tokenizer.encode(text, add_special_tokens=False))
