@@ -148,7 +148,7 @@ class TensorUpdates:
                     data = payload if encoding == "full" else payload.cpu()
                     enc = EncodedTensor(Encoding(encoding), data, p.dtype, tuple(p.shape))
                     self.weights.state, written[0] = None, True
-                    apply_in_place(p, enc, t.name)
+                    apply_in_place(p, enc, t.name, undo=False)  # no undo in place here
                 if encoding != "same":
                     session.written.add(p.data_ptr())
                 session.names.append(t.name)

@@ -221,13 +221,19 @@ def _restore(flat: torch.Tensor, old: torch.Tensor, idx: torch.Tensor | None = N
 
 @torch.no_grad()
 def apply_in_place(
-    target: torch.Tensor, enc: EncodedTensor, what: str = "tensor", *, swap: bool = False
+    target: torch.Tensor,
+    enc: EncodedTensor,
+    what: str = "tensor",
+    *,
+    swap: bool = False,
+    undo: bool = True,
 ) -> Undo:
     """Turn `target` (holding the previous version, on any device) into the encoded one;
     returns what turns it back. ValueError (target unchanged) for a payload that does not fit
     it. An XOR is decompressed a chunk at a time straight into the target (no tensor-sized
     buffer), and its undo is the same XOR again. `swap`: a full payload (writable) trades
-    places with the target's bytes, so the undo needs no copy of the old tensor either."""
+    places with the target's bytes, so the undo needs no copy of the old tensor either.
+    `undo=False`: no undo wanted (a full or sparse tensor keeps no copy of the old values)."""
     if tuple(target.shape) != enc.shape or target.dtype != enc.dtype:
         raise ValueError(
             f"{what}: encoded as {enc.dtype} {list(enc.shape)}, target is {target.dtype} "
@@ -248,9 +254,9 @@ def apply_in_place(
             raw = flat.view(torch.uint8)
             _swap(raw, enc.payload)
             return lambda: _swap(raw, enc.payload)
-        old = flat.clone()
+        old = flat.clone() if undo else None
         flat.copy_(_view(enc.payload, flat.dtype).to(target.device))
-        return lambda: _restore(flat, old)
+        return _noop if old is None else lambda: _restore(flat, old)
     if enc.encoding == Encoding.XOR_ZSTD:
         declared = _frame_size(enc.payload, numel * size, what)
         if declared != numel * size:
@@ -274,9 +280,9 @@ def apply_in_place(
             raise ValueError(f"{what}: sparse indices out of order or out of range")
         idx = (torch.cumsum(gaps, 0) - 1).to(target.device)
         values = _view(body[n * index_dtype.itemsize :], flat.dtype)
-        old_values = flat[idx]
+        old_values = flat[idx] if undo else None
         flat[idx] = values.to(target.device)
-        return lambda: _restore(flat, old_values, idx)
+        return _noop if old_values is None else lambda: _restore(flat, old_values, idx)
     raise ValueError(f"{what}: unknown encoding {enc.encoding!r}")  # pragma: no cover
 
 
