@@ -4,10 +4,16 @@ Each child runs in its own session (process group), so stopping it also stops an
 spawned: no orphans. Children start in order; each must pass its readiness probe (`/ready`
 answering 200) before the next starts. While running, a child that exits is reported by name
 with its exit status and the last lines of its log, then restarted or the whole stack stopped,
-by its policy (never restarted: one that exits EXIT_NO_RESTART). Restarts back off as docker's
-do: 0.1 s, doubled for each death that comes quickly (a crash loop, e.g. Redis on a full disk,
-must not use up `max_restarts` in a second), back to 0.1 s after a child ran 10 s. Stopping is
-SIGTERM to every group (in reverse start order), then SIGKILL after a grace period.
+by its policy (never restarted: one that exits EXIT_NO_RESTART). A child that dies before it is
+ready (it exited, or was not ready within `ready_timeout_s` and is killed) is a death like any
+other: under on-failure it is restarted, the first start included; a service started while a
+dependency is frozen may give up before it is ready, and that must not end the run (issue 46).
+A restarted child's readiness is probed once per round, never waited for inside it, so a
+second death meanwhile is handled at once. Restarts back off as docker's do: 0.1 s, doubled
+for each death that comes quickly (before ready, or within 10 s of it: a crash loop, e.g. Redis
+on a full disk, must not use up `max_restarts` in a second), back to 0.1 s after a child was
+ready 10 s. Stopping is SIGTERM to every group (in reverse start order), then SIGKILL after a
+grace period.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 0.1  # the first restart's delay; doubled for each quick death
 RESTART_DELAY_MAX_S = 10.0
-RAN_LONG_S = 10.0  # a child that ran this long before dying starts again from the first delay
+RAN_LONG_S = 10.0  # a child ready this long before dying starts again from the first delay
 # A child's way to say that a restart cannot help (the trainer's data ran out: restarted, it
 # reads the same end of the bus): never restarted, whatever its policy. Docker's restart
 # policies cannot tell exit statuses apart, and torchrun reports any failed worker as 1.
@@ -78,6 +84,7 @@ class ChildState:
     started_at: float = 0.0
     restart_delay_s: float = 0.0  # the last restart's delay (0: none yet)
     restart_at: float = 0.0  # while restarting: when it starts again
+    ready_at: float | None = None  # when the current process passed its probe (None: not yet)
 
     @property
     def pid(self) -> int | None:
@@ -127,44 +134,75 @@ class Supervisor:
         finally:
             logf.close()
         child.started_at = time.monotonic()
+        child.ready_at = None
         child.status = "starting"
         log.info("started", extra={"service": child.spec.name, "pid": child.proc.pid})
 
-    def _wait_ready(self, child: ChildState) -> None:
+    def _probe(self, child: ChildState) -> bool:
+        """One readiness probe (no ready_url: started = ready)."""
+        if child.spec.ready_url is None:
+            return True
+        with httpx.Client(timeout=2.0) as client, contextlib.suppress(httpx.HTTPError):
+            return client.get(child.spec.ready_url).status_code == 200
+        return False
+
+    def _advance_start(self, child: ChildState) -> None:
+        """One look at a starting child: ready, still starting, or a death before it was ready
+        (it exited, or was not ready in `ready_timeout_s` and is killed), which `_died` handles
+        by the child's policy like any other: a restart started while a dependency is frozen
+        (Redis, an engine) may fail before it is ready, and that is a crash loop with backoff,
+        not the end of the run (issue 46)."""
+        assert child.proc is not None
         spec = child.spec
-        if spec.ready_url is None:  # started = ready; an early exit is check()'s business
-            child.status = "ready"
+        code = child.proc.poll()
+        if code is not None:
+            reason = f"exited with status {code}{_signal_name(code)} before it was ready"
+            self._died(child, code, reason)
+        elif self._probe(child):
+            child.status, child.ready_at = "ready", time.monotonic()
+            log.info("ready", extra={"service": spec.name, "restarts": child.restarts})
+        elif time.monotonic() - child.started_at > spec.ready_timeout_s:
+            _signal_group(child.proc, signal.SIGKILL)
+            code = child.proc.wait()
+            self._died(child, code, f"not ready after {spec.ready_timeout_s:.0f}s (killed)")
+
+    def _died(self, child: ChildState, code: int, reason: str) -> None:
+        """Schedule the restart a dead child's policy allows, or raise ChildFailed. Each death
+        that comes quickly (before ready, or within RAN_LONG_S of it) doubles the delay."""
+        spec = child.spec
+        tail = tail_lines(child.log_path)
+        if code == EXIT_NO_RESTART:
+            reason += " (a restart cannot help: not restarted)"
+        elif spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
+            now = time.monotonic()
+            quick = child.ready_at is None or now - child.ready_at < RAN_LONG_S
+            delay = child.restart_delay_s * 2 if quick and child.restart_delay_s else 0.0
+            child.restart_delay_s = min(max(delay, RESTART_DELAY_S), RESTART_DELAY_MAX_S)
+            child.restarts += 1
+            child.status = "restarting"
+            child.restart_at = now + child.restart_delay_s
+            log.warning(
+                "child died; restarting",
+                extra={"service": spec.name, "reason": reason, "restart": child.restarts,
+                       "delay_s": child.restart_delay_s, "log_tail": tail[-5:]},
+            )  # fmt: skip
             return
-        deadline = time.monotonic() + spec.ready_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                assert child.proc is not None
-                code = child.proc.poll()
-                if code is not None:
-                    child.status = "failed"
-                    raise ChildFailed(
-                        spec.name, f"exited with status {code} before it was ready",
-                        tail_lines(child.log_path),
-                    )  # fmt: skip
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(spec.ready_url).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    child.status = "failed"
-                    raise ChildFailed(
-                        spec.name, f"not ready after {spec.ready_timeout_s:.0f}s",
-                        tail_lines(child.log_path),
-                    )  # fmt: skip
-                time.sleep(self.poll_s)
-        child.status = "ready"
-        log.info("ready", extra={"service": spec.name})
+        child.status = "failed"
+        raise ChildFailed(spec.name, reason, tail)
 
     def start(self) -> None:
-        """Start every child in order, each ready before the next; stop all on failure."""
+        """Start every child in order, each ready before the next; stop all on failure. A
+        child that fails before it is ready is restarted as its policy says (never: fatal)."""
         try:
             for child in self.children:
                 self._spawn(child)
-                self._wait_ready(child)
+                while child.status != "ready":
+                    if child.status == "restarting":
+                        time.sleep(max(0.0, child.restart_at - time.monotonic()))
+                        self._spawn(child)
+                    self._advance_start(child)
+                    if child.status == "starting":
+                        time.sleep(self.poll_s)
         except BaseException:
             self.stop()
             raise
@@ -174,7 +212,9 @@ class Supervisor:
     def check(self) -> bool:
         """One supervision round. Returns False when the stack has finished successfully.
 
-        Raises ChildFailed when a child died and its policy says stop.
+        A restarted child is probed once per round until it is ready, never waited for inside
+        the round: another child's death meanwhile is handled at once. Raises ChildFailed when
+        a child died and its policy says stop.
         """
         for child in self.children:
             proc = child.proc
@@ -183,39 +223,19 @@ class Supervisor:
             if child.status == "restarting":
                 if time.monotonic() >= child.restart_at:
                     self._spawn(child)
-                    self._wait_ready(child)
-                continue
-            code = proc.poll()
-            if code is None:
                 continue
             spec = child.spec
+            code = proc.poll()
             if code == 0 and (spec.exit_ends_stack or spec.may_finish):
                 child.status = "exited"
                 log.info("finished", extra={"service": spec.name})
                 if spec.exit_ends_stack:
                     return False
                 continue
-            tail = tail_lines(child.log_path)
-            reason = f"exited with status {code}" + (
-                f" (signal {signal.Signals(-code).name})" if code < 0 else ""
-            )
-            if code == EXIT_NO_RESTART:
-                reason += " (a restart cannot help: not restarted)"
-            elif spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
-                quick = time.monotonic() - child.started_at < RAN_LONG_S
-                delay = child.restart_delay_s * 2 if quick and child.restart_delay_s else 0.0
-                child.restart_delay_s = min(max(delay, RESTART_DELAY_S), RESTART_DELAY_MAX_S)
-                child.restarts += 1
-                child.status = "restarting"
-                child.restart_at = time.monotonic() + child.restart_delay_s
-                log.warning(
-                    "child died; restarting",
-                    extra={"service": spec.name, "reason": reason, "restart": child.restarts,
-                           "delay_s": child.restart_delay_s, "log_tail": tail[-5:]},
-                )  # fmt: skip
-                continue
-            child.status = "failed"
-            raise ChildFailed(spec.name, reason, tail)
+            if child.status == "starting":
+                self._advance_start(child)
+            elif code is not None:
+                self._died(child, code, f"exited with status {code}{_signal_name(code)}")
         return True
 
     def run(self, on_tick: Callable[[], None] | None = None) -> None:
@@ -300,6 +320,10 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _signal_name(code: int) -> str:
+    return f" (signal {signal.Signals(-code).name})" if code < 0 else ""
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,137 @@ def test_a_job_that_completes_is_not_a_death(tmp_path: Path) -> None:
     sup.start()
     sup.run()
     assert [c.status for c in sup.children] == ["exited", "exited"]
+
+
+# -- a child that fails before it is ready (issue 46) ----------------------------------------
+
+
+def flaky(name: str, tmp_path: Path, plan: str, **kw: object) -> ServiceSpec:
+    """A child that follows `plan`, one entry per start (tests/integration/flaky_start_service)."""
+    port = free_port()
+    counter = tmp_path / f"{name}.starts"
+    return ServiceSpec(
+        name=name,
+        command=[PY, "-m", "tests.integration.flaky_start_service", str(port), str(counter), plan],
+        ready_url=f"http://127.0.0.1:{port}/ready",
+        env=ENV,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def supervise_until(sup: Supervisor, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, [(c.spec.name, c.status) for c in sup.children]
+        assert sup.check()
+        time.sleep(sup.poll_s)
+
+
+def test_a_restart_that_fails_before_it_is_ready_is_retried_with_backoff(tmp_path: Path) -> None:
+    """bench/chaos.py's freeze:redis: the trainer lost its lease (correct), its restart's first
+    Redis call timed out while Redis was still frozen, it exited 1 before it was ready, and the
+    supervisor ended the run (ChildFailed). It is a crash loop like any other: retried with the
+    same backoff, bounded by max_restarts."""
+    spec = flaky(
+        "trainer",
+        tmp_path,
+        "ready-die:0.5,exit:0,exit:0,ready",
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=5,
+    )
+    sup = Supervisor([spec], tmp_path, poll_s=0.05)
+    sup.start()
+    try:
+        died = time.monotonic()
+        supervise_until(
+            sup, lambda: sup.children[0].restarts == 3 and sup.children[0].status == "ready"
+        )
+        # Three restarts, the last two after quick deaths before ready: 0.1 + 0.2 + 0.4 s.
+        assert time.monotonic() - died >= 0.7
+        log = (tmp_path / "trainer.log").read_text()
+        assert log.count("redis unreachable for the start-up deadline") == 2
+    finally:
+        sup.stop()
+
+
+def test_a_restart_that_keeps_failing_before_ready_ends_at_max_restarts(tmp_path: Path) -> None:
+    spec = flaky(
+        "trainer",
+        tmp_path,
+        "ready-die:0.3,exit:0",
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=2,
+    )
+    sup = Supervisor([spec], tmp_path, poll_s=0.05)
+    sup.start()
+    with pytest.raises(ChildFailed, match="exited with status 1 before it was ready") as info:
+        sup.run()
+    assert sup.children[0].restarts == 2
+    assert "redis unreachable for the start-up deadline" in str(info.value)
+
+
+def test_a_first_start_that_fails_before_ready_is_retried_under_on_failure(
+    tmp_path: Path,
+) -> None:
+    """Started while a dependency is down (compose's Redis still loading): under on-failure
+    the first start is retried too, as docker and Kubernetes would; under `never` it is fatal
+    (test_never_ready_fails_start_and_cleans_up)."""
+    spec = flaky(
+        "orchestrator", tmp_path, "exit:0,ready", restart=RestartPolicy.ON_FAILURE, max_restarts=2
+    )
+    sup = Supervisor([spec], tmp_path, poll_s=0.05)
+    sup.start()
+    try:
+        assert sup.children[0].status == "ready"
+        assert sup.children[0].restarts == 1
+    finally:
+        sup.stop()
+
+
+def test_a_restart_not_ready_in_time_is_killed_and_retried(tmp_path: Path) -> None:
+    spec = flaky(
+        "engine",
+        tmp_path,
+        "ready-die:0.3,hang,ready",
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=3,
+        ready_timeout_s=2.0,
+    )
+    sup = Supervisor([spec], tmp_path, poll_s=0.05)
+    sup.start()
+    try:
+        supervise_until(
+            sup, lambda: sup.children[0].restarts == 2 and sup.children[0].status == "ready"
+        )
+    finally:
+        sup.stop()
+
+
+def test_a_death_while_another_restart_is_not_ready_yet_is_handled(tmp_path: Path) -> None:
+    """The supervisor used to wait for a restarted child's readiness inside its round: a second
+    death meanwhile (Redis frozen: the trainer and the orchestrator both give up) waited for
+    the first child to be ready, up to its ready_timeout_s."""
+    slow = flaky(
+        "trainer",
+        tmp_path,
+        "ready-die:0.3,hang",
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=1,
+        ready_timeout_s=60.0,
+    )
+    other = flaky(
+        "orchestrator",
+        tmp_path,
+        "ready-die:1.5,ready",
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=1,
+    )
+    sup = Supervisor([slow, other], tmp_path, poll_s=0.05)
+    sup.start()
+    try:
+        supervise_until(
+            sup, lambda: sup.children[1].restarts == 1 and sup.children[1].status == "ready"
+        )
+        assert sup.children[0].status == "starting"  # still waited for, not blocking the round
+    finally:
+        sup.stop()
