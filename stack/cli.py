@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     "inspect": "inspector.cli:inspect_command",
     "demo": "stack.demo_cli:demo",
     "task": "stack.task_cli:app",
+    "gateway": "gateway.cli:app",
+    "agent": "gateway.cli:agent_app",
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("retriever", "inference", "orchestrator", "trainer")
+SERVICES = ("retriever", "inference", "orchestrator", "trainer", "gateway")
 # Packages that are neither services nor the floor: what services may use of each other.
 TOOLS = ("inspector",)
 PACKAGES = ("searchr1", "protos", *SERVICES, *TOOLS, "stack")
@@ -36,6 +36,7 @@ MAIN_LOOPS = {
     "inference": "inference.engine",
     "orchestrator": "orchestrator.loop",
     "trainer": "trainer.loop",
+    "gateway": "gateway.core",
 }
 # (importer, imported module): the only doors from one service (or tool) into another.
 ALLOWED_CROSSINGS = {
@@ -44,6 +45,7 @@ ALLOWED_CROSSINGS = {
     ("orchestrator", "retriever.client"),
     ("orchestrator", "inspector"),  # the run inspector mounted at /ui (optional)
     ("trainer", "inference.client"),
+    ("gateway", "inference.client"),
 }
 
 

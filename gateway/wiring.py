@@ -1,0 +1,136 @@
+"""Gateway wiring: the engine client, the served model's tokenizer, the bus, the `Gateway` and
+its HTTP app (`serve`, what `searchr1 gateway serve` runs); and the agent runner over a
+gateway (`run_agents`, what `searchr1 agent run` runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from gateway.bridge import Renderer
+from gateway.config import AgentConfig, GatewayConfig
+from gateway.core import Gateway
+from gateway.publish import Publisher
+from gateway.runner import AgentRunner, RunSummary, load_program, load_reward, load_rows
+from gateway.server import create_app
+from inference.client import InferenceClient
+from searchr1.bus import TrajectoryBus
+from searchr1.sections import BusConfig
+from searchr1.service import uvicorn_server
+
+log = logging.getLogger(__name__)
+
+
+async def wait_for_engine(engine: InferenceClient, timeout_s: float) -> dict[str, Any]:
+    """The engine's model info, waiting (with one log line) while it starts."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    warned = False
+    while True:
+        try:
+            return dict(await engine.get_model_info())
+        except Exception as e:
+            if loop.time() > deadline:
+                raise RuntimeError(f"engine not reachable after {timeout_s}s: {e}") from e
+            if not warned:
+                log.warning("waiting for the engine", extra={"error": repr(e)})
+                warned = True
+            await asyncio.sleep(1.0)
+
+
+def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[int, int | None]:
+    """(rows of the embedding, context length): the engine's word (ours reports both), else
+    the model directory's config.json (SGLang reports neither), else the tokenizer's size."""
+    config: dict[str, Any] = {}
+    path = Path(model_dir) / "config.json"
+    if path.is_file():
+        config = json.loads(path.read_text())
+        config = config.get("text_config", config)
+    vocab = info.get("vocab_size") or config.get("vocab_size") or len(tokenizer)
+    context = info.get("context_length") or config.get("max_position_embeddings")
+    return int(vocab), int(context) if context else None
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer  # heavy: loaded by the serving process only
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+async def build_gateway(cfg: GatewayConfig, engine: InferenceClient, bus: TrajectoryBus) -> Gateway:
+    """A Gateway over the live engine (waited for) and its model's tokenizer."""
+    info = await wait_for_engine(engine, cfg.engine_start_timeout_s)
+    model_dir = cfg.tokenizer_path or str(info["model_path"])
+    tokenizer = load_tokenizer(model_dir)
+    vocab, context = model_limits(info, model_dir, tokenizer)
+    engine.vocab_size = vocab  # ids the model cannot embed never reach the engine
+    name = cfg.served_model_name or Path(str(info.get("model_path", "policy"))).name
+    return Gateway(
+        cfg, engine, Renderer(tokenizer), Publisher(bus), model_name=name, context_length=context
+    )
+
+
+def ready_checks(engine: InferenceClient, bus: TrajectoryBus) -> dict[str, Any]:
+    async def engine_ready() -> str:
+        info = await engine.get_model_info()
+        return f"weight_version {info['weight_version']}"
+
+    async def redis_ready() -> str:
+        return str(await bus.ping())
+
+    return {"engine": engine_ready, "redis": redis_ready}
+
+
+async def serve(
+    cfg: GatewayConfig, redis_url: str, bus_cfg: BusConfig, token: SecretStr | None
+) -> int:
+    """The service, until SIGTERM: live sessions are then dead-lettered, done groups
+    published."""
+    engine = InferenceClient(
+        cfg.engine_url,
+        deadline_s=cfg.engine_retry_s,
+        max_connections=cfg.max_in_flight + 8,
+        token=token.get_secret_value() if token else None,
+    )
+    bus = TrajectoryBus.from_url(redis_url, bus_cfg)
+    try:
+        gateway = await build_gateway(cfg, engine, bus)
+        app = create_app(gateway, token=token, ready_checks=ready_checks(engine, bus))
+        await uvicorn_server(app, cfg.http).serve()
+        return 0
+    finally:
+        await engine.aclose()
+        await bus.close()
+
+
+async def run_agents(
+    cfg: AgentConfig, *, run_id: str, group_size: int, token: SecretStr | None
+) -> RunSummary:
+    """Every row's group of sessions through the agent program (`searchr1 agent run`)."""
+    if not cfg.program:
+        raise ValueError("agent.program is not set (--program module:function)")
+    if not cfg.data_path:
+        raise ValueError("agent.data_path is not set (--data rows.jsonl)")
+    program = load_program(cfg.program)
+    reward = load_reward(cfg.reward) if cfg.reward else None
+    rows = load_rows(Path(cfg.data_path), cfg.limit)
+    runner = AgentRunner(
+        cfg.gateway_url,
+        program,
+        reward=reward,
+        samples_per_row=cfg.samples_per_row or group_size,
+        concurrency=cfg.concurrency,
+        timeout_s=cfg.timeout_s,
+        run_id=run_id,
+        token=token.get_secret_value() if token else None,
+    )
+    try:
+        return await runner.run(rows)
+    finally:
+        await runner.aclose()
