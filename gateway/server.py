@@ -153,7 +153,11 @@ def create_app(
         return {"object": "list", "data": [model]}
 
     app.get("/v1/models", dependencies=guard)(models)
-    app.get("/sessions/{session_id}/v1/models", dependencies=guard)(models)
+
+    @app.get("/sessions/{session_id}/v1/models", dependencies=guard)
+    async def session_models(session_id: str) -> dict[str, Any]:
+        gateway.table.get(session_id)  # a live session's URL only
+        return models()
 
     @app.post("/v1/sessions", dependencies=guard)
     async def open_session(body: SessionOpen) -> dict[str, Any]:

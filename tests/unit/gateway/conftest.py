@@ -76,7 +76,7 @@ class Rig:
         """The next `n` trajectories on the bus (published in the background)."""
         await self.gateway.publisher.drain(timeout_s)
         await self.bus.ensure_group()
-        got = await self.bus.consume(max(n, 1), block=0.5)
+        got = await self.bus.consume(max(n, 1), block=0.2)
         return [d.trajectory for d in got]
 
     async def dead(self) -> list[dict[str, Any]]:
