@@ -22,7 +22,7 @@ from gateway.server import create_app
 from inference.client import InferenceClient
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig
-from searchr1.service import uvicorn_server
+from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,9 @@ async def serve(
     try:
         gateway = await build_gateway(cfg, engine, bus)
         app = create_app(gateway, token=token, ready_checks=ready_checks(engine, bus))
-        await uvicorn_server(app, cfg.http).serve()
+        server = uvicorn_server(app, cfg.http)
+        exit_cleanly_after_shutdown()  # SIGTERM: drain, shut down, exit 0
+        await server.serve()
         return 0
     finally:
         await engine.aclose()

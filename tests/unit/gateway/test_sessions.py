@@ -207,3 +207,17 @@ async def test_unknown_sessions_are_404(make_rig, path: str, body: dict[str, Any
         r = await http.post(path, json=body)
     assert r.status_code == 404 and "ghost" in r.json()["error"]["message"]
     assert value(metrics.REJECTED, "unknown_session") == before + 1
+
+
+async def test_shutdown_dead_letters_live_sessions_and_publishes_done_ones(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig = make_rig(["a" + EOT])
+    group = {"X-Group-Id": "stop", "X-Group-Size": "2"}
+    await ask(rig.openai("sd-0", **group), "q")
+    await ask(rig.openai("sd-1", **group), "q")
+    await rig.gateway.end("sd-0", reward=1.0)
+    before = value(metrics.DEAD_SESSIONS, "shutdown")
+    await rig.gateway.shutdown()
+    assert value(metrics.DEAD_SESSIONS, "shutdown") == before + 1
+    assert [(d["tid"], d["reason"]) for d in await rig.dead()] == [(b"sd-1/0", b"shutdown")]
+    [traj] = await rig.published(1)
+    assert (traj.trajectory_id, traj.group_size) == ("sd-0/0", 1)
