@@ -94,6 +94,12 @@ class GatewayConfig(Section):
         description="A call the engine aborted (a weight update) is generated again this many "
         "times, then answered 503.",
     )
+    publish_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long a done group may wait to be published (the bus's backlog bound "
+        "holds it while the trainer is behind); past that it is lost, counted and logged.",
+    )
     reap_interval_s: float = Field(
         default=1.0, gt=0, description="How often deadlines of sessions and groups are checked."
     )

@@ -107,8 +107,9 @@ class Publisher:
     `publish` wait; a request must not); `drain` waits for them. The trajectories are built
     at once, from the sessions as they are now."""
 
-    def __init__(self, bus: TrajectoryBus) -> None:
+    def __init__(self, bus: TrajectoryBus, timeout_s: float = 600.0) -> None:
         self.bus = bus
+        self.timeout_s = timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
 
     def publish(self, group_id: str, sessions: Sequence[Session]) -> None:
@@ -136,8 +137,8 @@ class Publisher:
 
     async def _publish(self, group_id: str, trajectories: list[Trajectory]) -> None:
         try:
-            await self.bus.publish(trajectories)
-        except Exception as e:
+            await asyncio.wait_for(self.bus.publish(trajectories), self.timeout_s)
+        except Exception as e:  # the bus's own retries are spent, or the backlog stayed full
             metrics.BUS_FAILURES.labels("publish").inc()
             log.error(
                 "group lost: the bus refused it",
@@ -170,7 +171,7 @@ class Publisher:
                 await pipe.execute()
 
         try:
-            await bus.retry.call("dead_letter", append)
+            await asyncio.wait_for(bus.retry.call("dead_letter", append), self.timeout_s)
         except Exception as e:
             metrics.BUS_FAILURES.labels("dead_letter").inc()
             log.error(

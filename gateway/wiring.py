@@ -72,7 +72,12 @@ async def build_gateway(cfg: GatewayConfig, engine: InferenceClient, bus: Trajec
     engine.vocab_size = vocab  # ids the model cannot embed never reach the engine
     name = cfg.served_model_name or Path(str(info.get("model_path", "policy"))).name
     return Gateway(
-        cfg, engine, Renderer(tokenizer), Publisher(bus), model_name=name, context_length=context
+        cfg,
+        engine,
+        Renderer(tokenizer),
+        Publisher(bus, cfg.publish_timeout_s),
+        model_name=name,
+        context_length=context,
     )
 
 

@@ -221,3 +221,16 @@ async def test_shutdown_dead_letters_live_sessions_and_publishes_done_ones(make_
     assert [(d["tid"], d["reason"]) for d in await rig.dead()] == [(b"sd-1/0", b"shutdown")]
     [traj] = await rig.published(1)
     assert (traj.trajectory_id, traj.group_size) == ("sd-0/0", 1)
+
+
+async def test_a_group_the_bus_refuses_is_counted_not_waited_for(make_rig) -> None:  # type: ignore[no-untyped-def]
+    rig = make_rig(["a" + EOT])
+    rig.bus.config.max_backlog = 1  # a batch of 2 can never fit
+    group = {"X-Group-Id": "big", "X-Group-Size": "2"}
+    await ask(rig.openai("b-0", **group), "q")
+    await ask(rig.openai("b-1", **group), "q")
+    before = value(metrics.BUS_FAILURES, "publish")
+    await rig.gateway.end("b-0", reward=1.0)
+    await rig.gateway.end("b-1", reward=1.0)
+    await rig.gateway.publisher.drain(5.0)
+    assert value(metrics.BUS_FAILURES, "publish") == before + 1
