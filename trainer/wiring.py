@@ -190,7 +190,13 @@ async def _run_lease(
     One trainer per run: a second one would train the same entries, or ack what it did not
     checkpoint. A restarted trainer waits for its dead predecessor's lease to expire."""
     ttl_s = loop.cfg.lease_ttl_s
-    lease = RedisLease(bus.redis, trainer_lease_key(bus.stream), ttl_s=ttl_s)
+    # Started while Redis is frozen or restarting, it waits for Redis as every other call does.
+    lease = RedisLease(
+        bus.redis,
+        trainer_lease_key(bus.stream),
+        ttl_s=ttl_s,
+        redis_wait_s=bus.config.reconnect_timeout_s,
+    )
     wait_s = loop.cfg.lease_wait_s
     await lease.acquire(wait_s=ttl_s * 1.5 if wait_s is None else wait_s)
     # Acks are fenced by the lease token: Redis refuses them once the lease is another's.
