@@ -113,10 +113,11 @@ def create_app(
 
     @app.exception_handler(GatewayError)
     async def refused(request: Request, exc: GatewayError) -> JSONResponse:
-        log.info(
-            "refused",
-            extra={"status": exc.status, "reason": exc.reason, "error": exc.message[:500]},
-        )
+        if exc.status < 500:  # the engine's failures were logged where they happened
+            log.info(
+                "refused",
+                extra={"status": exc.status, "reason": exc.reason, "error": exc.message[:500]},
+            )
         return JSONResponse(exc.body(), status_code=exc.status)
 
     async def answer(request: Request, body: ChatRequest, ident: Ident, registered: bool) -> Any:

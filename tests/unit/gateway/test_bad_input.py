@@ -195,3 +195,44 @@ async def test_the_admin_token_guards_every_route(make_rig, qwen_tok) -> None:  
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as h:
         assert (await h.post("/v1/sessions/tok/end", json={})).status_code == 401
         assert (await h.get("/health")).status_code == 200
+
+
+async def test_engine_failures_are_503_and_aborts_are_regenerated(make_rig) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from openai import InternalServerError
+
+    from inference.client import InferenceUnavailable
+
+    rig = make_rig(["ok" + EOT], max_abort_retries=1)
+    scripted = rig.engine.generate
+    plan: list[str] = []
+
+    async def engine(input_ids: list[int], **kw: Any) -> Any:
+        step = plan.pop(0) if plan else "ok"
+        if step == "down":
+            raise InferenceUnavailable("/generate: connection refused")
+        result = await scripted(input_ids, **kw)
+        return replace(result, finish_reason="abort") if step == "abort" else result
+
+    rig.engine.generate = engine  # type: ignore[method-assign]
+    client = rig.openai("flaky")
+    before = {r: rejected(r) for r in ("engine_unavailable", "engine_aborted")}
+    aborts = float(metrics.ENGINE_ABORTS._value.get())
+    plan[:] = ["down"]
+    with pytest.raises(InternalServerError, match="engine unavailable"):
+        await client.chat.completions.create(model="m", messages=USER)
+    plan[:] = ["abort", "abort"]
+    with pytest.raises(InternalServerError, match="aborted"):
+        await client.chat.completions.create(model="m", messages=USER)
+    plan[:] = ["abort"]  # a weight update: the call is generated again, in full
+    r = await client.chat.completions.create(model="m", messages=USER)
+    assert r.choices[0].message.content == "ok"
+    assert {r: rejected(r) - before[r] for r in before} == {
+        "engine_unavailable": 1,
+        "engine_aborted": 1,
+    }
+    assert float(metrics.ENGINE_ABORTS._value.get()) == aborts + 2
+    # Nothing of the failed calls was recorded: one segment, one turn.
+    s = rig.gateway.table.get("flaky")
+    assert [len(seg.turns) for seg in s.segments] == [1]
