@@ -27,21 +27,32 @@ from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 log = logging.getLogger(__name__)
 
 
+# A try's bound: a frozen engine accepts connections and never answers (as the orchestrator's).
+ENGINE_ANSWER_S = 10.0
+
+
 async def wait_for_engine(engine: InferenceClient, timeout_s: float) -> dict[str, Any]:
-    """The engine's model info, waiting (with one log line) while it starts."""
+    """The engine's model info, waiting while it starts or is frozen, for at most `timeout_s`:
+    logged once when the wait starts and once when it ends."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    start = loop.time()
+    deadline = start + timeout_s
     warned = False
     while True:
         try:
-            return dict(await engine.get_model_info())
+            left = max(deadline - loop.time(), 0.001)
+            info = dict(await asyncio.wait_for(engine.get_model_info(), min(ENGINE_ANSWER_S, left)))
         except Exception as e:
-            if loop.time() > deadline:
-                raise RuntimeError(f"engine not reachable after {timeout_s}s: {e}") from e
+            if loop.time() >= deadline:
+                raise RuntimeError(f"engine not reachable after {timeout_s}s: {e!r}") from e
             if not warned:
                 log.warning("waiting for the engine", extra={"error": repr(e)})
                 warned = True
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, max(deadline - loop.time(), 0.0)))
+            continue
+        if warned:
+            log.warning("engine answered", extra={"waited_s": round(loop.time() - start, 1)})
+        return info
 
 
 def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[int, int | None]:
