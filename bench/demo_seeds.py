@@ -3,12 +3,14 @@ without dynamic sampling, on one world and one warm start.
 
     python -m bench.demo_seeds [--seeds 1,2,3,4,5] [--modes plain,dynamic] [--out runs/seeds]
     python -m bench.demo_seeds --quick --seeds 1 --modes plain      # smallest: one quick demo
+    python -m bench.demo_seeds --task guess-number --modes plain    # another task's demo
 
 Each run is `searchr1 demo --train-seed S [--dynamic-sampling] --warm-start-from <first run>`
 (the warm start is deterministic per world seed, so it is computed once), one at a time. A run
 whose `eval_after.json` exists is not run again: the sweep can be stopped and resumed. Prints
-held-out EM per seed and mode, the minimum and mean per mode, and the share of seeds at
-EM >= 0.9 (issue 27's bar). The last line is key=value pairs.
+held-out EM per seed and mode, the minimum and mean per mode, the share of seeds at EM >= 0.9
+(issue 27's bar), and the gain over the warm start (its minimum, and the share of seeds that
+gained >= 0.15: issue 42's bar). The last line is key=value pairs.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from pathlib import Path
 from stack.demo import summary_row
 
 GOAL_EM = 0.9
+GOAL_GAIN = 0.15
 
 
 def run(
-    out: Path, seed: int, dynamic: bool, warm_from: Path | None, quick: bool = False
+    out: Path,
+    seed: int,
+    dynamic: bool,
+    warm_from: Path | None,
+    quick: bool = False,
+    task: str = "search-r1",
 ) -> dict[str, float]:
     if not (out / "eval_after.json").exists():
         cmd = [
@@ -39,6 +47,8 @@ def run(
             str(out),
             "--train-seed",
             str(seed),
+            "--task",
+            task,
         ]
         if dynamic:
             cmd.append("--dynamic-sampling")
@@ -51,7 +61,8 @@ def run(
         print(f"  {out.name}: {time.monotonic() - start:.0f} s", flush=True)
     metrics = [json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines()]
     after = summary_row(json.loads((out / "eval_after.json").read_text()))
-    return {"em": after["em"], "train_steps": float(len(metrics))}
+    before = summary_row(json.loads((out / "eval_before.json").read_text()))
+    return {"em": after["em"], "gain": after["em"] - before["em"], "train_steps": len(metrics)}
 
 
 def main() -> None:
@@ -59,6 +70,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--modes", default="plain,dynamic")
     ap.add_argument("--out", type=Path, default=Path("runs/seeds"))
+    ap.add_argument("--task", default="search-r1", help="the demo's task (searchr1 demo --task)")
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -71,19 +83,27 @@ def main() -> None:
         ap.error("--modes: plain and/or dynamic")
     warm_from: Path | None = None
     em: dict[str, dict[int, float]] = {m: {} for m in modes}
+    gain: dict[str, dict[int, float]] = {m: {} for m in modes}
     for seed in seeds:  # seeds outermost: a stopped sweep still has both modes per seed
         for mode in modes:
             out = (args.out / f"{mode}-seed{seed}").resolve()
-            result = run(out, seed, mode == "dynamic", warm_from, args.quick)
+            result = run(out, seed, mode == "dynamic", warm_from, args.quick, args.task)
             warm_from = warm_from or out
-            em[mode][seed] = result["em"]
-            print(f"seed={seed} mode={mode} em_after={result['em']:.3f}", flush=True)
-    line: dict[str, float] = {}
+            em[mode][seed], gain[mode][seed] = result["em"], result["gain"]
+            print(
+                f"seed={seed} mode={mode} em_after={result['em']:.3f} gain={result['gain']:.3f}",
+                flush=True,
+            )
+    line: dict[str, float | str] = {"task": args.task}
     for mode, by_seed in em.items():
         values = list(by_seed.values())
         line[f"{mode}_em_min"] = round(min(values), 3)
         line[f"{mode}_em_mean"] = round(statistics.fmean(values), 3)
         line[f"{mode}_at_goal"] = round(sum(v >= GOAL_EM for v in values) / len(values), 3)
+        gains = list(gain[mode].values())
+        line[f"{mode}_gain_min"] = round(min(gains), 3)
+        line[f"{mode}_gain_mean"] = round(statistics.fmean(gains), 3)
+        line[f"{mode}_learned"] = round(sum(g >= GOAL_GAIN for g in gains) / len(gains), 3)
     print(" ".join(f"{k}={v}" for k, v in line.items()))
 
 

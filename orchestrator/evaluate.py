@@ -62,6 +62,7 @@ def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:
         n = len(group)
         out = {m: sum(s.reward_components.get(m, 0.0) for s in group) / n for m in METRICS}
         out["reward"] = sum(s.reward for s in group) / n
+        out["turns_mean"] = sum(len(s.turns) for s in group) / n
         out["n"] = n
         out["searches_mean"] = sum(t.action == "search" for s in group for t in s.turns) / n
         out["response_tokens_mean"] = sum(len(s.response_ids) for s in group) / n

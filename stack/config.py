@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from gateway.config import GatewaySettings
 from inference.config import InferenceSettings
 from orchestrator.config import Mode, OrchestratorSettings
 from retriever.config import RetrieverSettings
@@ -72,7 +73,9 @@ class Placement(StrEnum):
     COLOCATED = "colocated"
 
 
-class StackConfig(RetrieverSettings, InferenceSettings, OrchestratorSettings, TrainerSettings):
+class StackConfig(
+    RetrieverSettings, InferenceSettings, OrchestratorSettings, TrainerSettings, GatewaySettings
+):
     """Every service's settings at once (each checks its own fields against `run`)."""
 
     model_config = SettingsConfigDict(extra="forbid")

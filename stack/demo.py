@@ -145,10 +145,25 @@ def build_policy(
 ) -> Path:
     """The tiny model, warm-started on demonstrations; returns its HF directory.
     `make_sampler(tokenizer)`: the task's demonstrations (default: Search-R1's `DemoSampler`)."""
+    texts, vocab_size = tokenizer_corpus(world, extra_texts, extra_vocab)
+    if make_sampler is None:
+        assert isinstance(world, World)
+        search_r1 = world
+
+        def make_sampler(tok: Any) -> Any:
+            return DemoSampler(search_r1, tok, cfg.warm_start)
+
+    return build_policy_from(cfg, texts, vocab_size, make_sampler)
+
+
+def build_policy_from(
+    cfg: DemoConfig, texts: Sequence[str], vocab_size: int, make_sampler: Callable[[Any], Any]
+) -> Path:
+    """The tiny model with a tokenizer trained on `texts`, warm-started on the demonstrations
+    of `make_sampler(tokenizer)`; returns its HF directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    texts, vocab_size = tokenizer_corpus(world, extra_texts, extra_vocab)
     base = make_tiny_model(
         cfg.out_dir / "model-base",
         seed=cfg.seed,
@@ -163,12 +178,7 @@ def build_policy(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.warm_start_threads or os.cpu_count() or 1)
     try:
-        if make_sampler is not None:
-            sampler = make_sampler(tok)
-        else:
-            assert isinstance(world, World)
-            sampler = DemoSampler(world, tok, cfg.warm_start)
-        losses = sft(model, sampler, cfg.warm_start)
+        losses = sft(model, make_sampler(tok), cfg.warm_start)
     finally:
         torch.set_num_threads(threads)
     warm = cfg.out_dir / "model-warm"
@@ -195,24 +205,30 @@ def free_port_run(n: int) -> int:
 
 def write_stack_config(
     cfg: DemoConfig,
-    index_dir: Path,
+    index_dir: Path | None,
     model_dir: Path,
-    rows: dict,
+    rows: dict | int,
     task_settings: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """The demo's stack config: the shipped template with this run's paths filled in, and the
-    task's settings (`task_settings` edits the loaded YAML) over it."""
+    task's settings (`task_settings` edits the loaded YAML) over it. `rows`: the data files
+    ({"train": path}), or the number of train rows of a task that brings its own (then there
+    is no `index_dir` either: no retriever)."""
     data = yaml.safe_load(CONFIG_TEMPLATE.read_text())
     if task_settings is not None:
         task_settings(data)
     out = cfg.out_dir.resolve()
-    data["retriever"]["index_dir"] = str(index_dir.resolve())
+    if index_dir is not None:
+        data["retriever"]["index_dir"] = str(index_dir.resolve())
     data["inference"]["model_path"] = str(model_dir.resolve())
-    data["orchestrator"]["data"]["train_path"] = str(rows["train"].resolve())
     data["run"]["max_steps"] = cfg.rl_steps
     # As many passes over the training questions as the RL steps need (else the trainer would
     # wait for steps the data cannot give: the orchestrator refuses to start).
-    n_train = len(rows["train"].read_text().splitlines())
+    if isinstance(rows, int):
+        n_train = rows
+    else:
+        data["orchestrator"]["data"]["train_path"] = str(rows["train"].resolve())
+        n_train = len(rows["train"].read_text().splitlines())
     per_step = data["run"]["groups_per_step"]
     if cfg.dynamic_sampling:
         over = max(1, per_step // 4)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from searchr1.logs import setup_logging
 from stack.demo import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
+from stack.demo_task import TASK_DEMOS, run_task_demo
 from stack.launcher import run_supervised
 from trainer.backends.registry import BACKENDS
 
@@ -23,6 +24,7 @@ def demo(
         min=1,
         help="GRPO steps (default: "
         + ", ".join(f"{n} for {task}" for task, n in RL_STEPS.items())
+        + "".join(f", {d.rl_steps} for {task}" for task, d in TASK_DEMOS.items())
         + ").",
     ),
     quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
@@ -59,7 +61,8 @@ def demo(
     task: str = typer.Option(
         TASK_SEARCH_R1,
         help="search-r1: Search-R1's tags, one tool (search); multi-tool: questions that need a "
-        "search and arithmetic, search + an MCP calculator in the function-calling format.",
+        "search and arithmetic, search + an MCP calculator in the function-calling format; "
+        "guess-number: a game whose environment answers every guess (docs/tasks.md).",
     ),
     placement: str = typer.Option(
         "disaggregated",
@@ -85,8 +88,9 @@ def demo(
             f"error: --placement must be disaggregated or colocated (got {placement!r})", err=True
         )
         raise typer.Exit(2)
-    if task not in TASKS:
-        typer.secho(f"error: --task must be {' or '.join(TASKS)} (got {task!r})", err=True)
+    if task not in (*TASKS, *TASK_DEMOS):
+        names = ", ".join((*TASKS, *TASK_DEMOS))
+        typer.secho(f"error: --task must be one of {names} (got {task!r})", err=True)
         raise typer.Exit(2)
     if (
         warm_start_from is not None
@@ -113,10 +117,15 @@ def demo(
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
         if quick
-        else DemoConfig(out, seed, rl_steps=steps or RL_STEPS[task], **chosen)
+        else DemoConfig(out, seed, rl_steps=steps or default_steps(task), **chosen)
     )
-    result = run_supervised(lambda: run_demo(cfg))
+    run = run_task_demo if task in TASK_DEMOS else run_demo
+    result = run_supervised(lambda: run(cfg))
     print_demo_summary(result, out, engine, trainer_backend)
+
+
+def default_steps(task: str) -> int:
+    return TASK_DEMOS[task].rl_steps if task in TASK_DEMOS else RL_STEPS[task]
 
 
 def _check_trainer_backend(name: str) -> None:
@@ -153,12 +162,16 @@ def print_demo_summary(
     for key, label in (
         ("em", "exact match"),
         ("sub_em", "sub-EM"),
+        ("reward", "reward"),
+        ("turns_per_episode", "turns / episode"),
         ("searches_per_question", "searches / question"),
         ("calculator_calls_per_question", "calculator calls / question"),
         ("response_length", "response tokens"),
     ):
         if key.endswith("_per_question") and key not in result:
             continue  # a task without that tool
+        if f"{key}_before" not in result and key not in result:
+            continue  # a metric this task does not report
         before = result.get(f"{key}_before", float("nan"))
         after = result.get(key if key.endswith("_per_question") else f"{key}_after", float("nan"))
         table.add_row(label, f"{before:.3f}", f"{after:.3f}")

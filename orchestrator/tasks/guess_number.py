@@ -1,11 +1,13 @@
 """`guess-number`: a game whose environment answers every turn, with a reward per turn.
 
 The policy guesses a secret whole number in [1, high] as `<guess> N </guess>`; the environment
-answers each guess as a user turn ("higher", "lower", or "correct", which ends the game). A
-guess that cannot be read is answered with the expected format. The reward comes at the end:
-1 for the found number, less a small cost per guess beyond the fewest binary search needs, so
-the policy is paid for using the feedback, not for luck. The rows are generated from a seed,
-the eval split disjoint from the train split.
+answers each guess as a user turn ("higher: 9 to 16", "lower: 1 to 7": the direction and the
+numbers the answers so far leave; a right guess ends the game). A
+guess that cannot be read is answered with the expected format. Rewards per turn: 1 for the
+found number, and `consistency_bonus` for a guess that the earlier answers still allow (inside
+the interval they leave), so a policy learns to use the feedback before it wins reliably. The
+rubric sums them, less a small cost per guess beyond the fewest binary search needs; its `em`
+is the win alone. The rows are generated from a seed, the eval split disjoint from train.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from orchestrator.tasks.base import EnvStep, Episode, Split, Task
 _GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>")
 INSTRUCTION = (
     "I am thinking of a whole number from 1 to {high}. Find it. Write each guess as "
-    "<guess> N </guess>; after each guess I say higher, lower or correct."
+    "<guess> N </guess>; after each guess I say higher or lower, and where it still can be."
 )
 INVALID = "Write your guess as <guess> N </guess> with a whole number from 1 to {high}."
 
@@ -33,8 +35,10 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessEpisode(Episode):
-    def __init__(self, secret: int, high: int) -> None:
+    def __init__(self, secret: int, high: int, consistency_bonus: float = 0.0) -> None:
         self.secret, self.high = secret, high
+        self.bonus = consistency_bonus
+        self.low, self.top = 1, high  # what the answers so far leave possible
         self.guesses = 0
         self.solved = False
 
@@ -46,7 +50,14 @@ class GuessEpisode(Episode):
         if guess == self.secret:
             self.solved = True
             return EnvStep(reward=1.0, done=True, info={"guesses": float(self.guesses)})
-        return EnvStep(self._user("higher" if self.secret > guess else "lower"))
+        consistent = self.low <= guess <= self.top
+        if self.secret > guess:
+            self.low = max(self.low, guess + 1)
+        else:
+            self.top = min(self.top, guess - 1)
+        reward = self.bonus if consistent else 0.0
+        direction = "higher" if self.secret > guess else "lower"
+        return EnvStep(self._user(f"{direction}: {self.low} to {self.top}"), reward=reward)
 
     @staticmethod
     def _user(text: str) -> list[dict[str, Any]]:
@@ -60,7 +71,9 @@ class GuessNumberTask(Task):
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
-        self.check_options({"high", "train_size", "eval_size", "seed", "guess_cost"})
+        self.check_options(
+            {"high", "train_size", "eval_size", "seed", "guess_cost", "consistency_bonus"}
+        )
         self.high = int(self.options.get("high", 16))
         if self.high < 2:
             raise ValueError("options.high must be >= 2")
@@ -68,6 +81,7 @@ class GuessNumberTask(Task):
         self.eval_size = int(self.options.get("eval_size", 64))
         self.seed = int(self.options.get("seed", 0))
         self.guess_cost = float(self.options.get("guess_cost", 0.1))
+        self.consistency_bonus = float(self.options.get("consistency_bonus", 0.0))
         # The fewest guesses that always suffice (binary search).
         self.par = math.ceil(math.log2(self.high + 1))
 
@@ -89,12 +103,13 @@ class GuessNumberTask(Task):
         ]
 
     def episode(self, prompt: Prompt) -> Episode:
-        return GuessEpisode(int(prompt.golds[0]), self.high)
+        return GuessEpisode(int(prompt.golds[0]), self.high, self.consistency_bonus)
 
     def score(self, sample: Sample, episode: Episode) -> dict[str, float]:
         assert isinstance(episode, GuessEpisode)
         extra = max(0, episode.guesses - self.par)
-        reward = max(0.0, 1.0 - self.guess_cost * extra) if episode.solved else 0.0
+        turns = sum(t.reward for t in sample.turns)
+        reward = max(0.0, turns - self.guess_cost * extra)
         return {"reward": reward, "em": float(episode.solved), "guesses": float(episode.guesses)}
 
     def demonstration(self, prompt: Prompt) -> list[str]:

@@ -157,3 +157,14 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     while any(alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in tree if alive(p)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_guess_number_demo_runs_end_to_end(tmp_path: Path) -> None:
+    """`--task guess-number`: a task whose environment answers every turn, warm-started on its
+    scripted demonstrations, trained through `searchr1 local` without a retriever."""
+    _, kv = run_quick_demo(tmp_path / "demo", "--task", "guess-number")
+    assert {"em_before", "em_after", "reward_after", "turns_per_episode_after"} <= set(kv)
+    assert (tmp_path / "demo" / "model-trained" / "config.json").exists()
+    assert (tmp_path / "demo" / "eval_after.json").exists()

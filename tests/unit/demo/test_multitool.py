@@ -208,7 +208,7 @@ def test_an_unknown_task_exits_2_before_any_work(tmp_path: Path) -> None:
         cli.app, ["demo", "--quick", "--out", str(tmp_path / "o"), "--task", "chess"]
     )
     assert result.exit_code == 2
-    assert "--task must be search-r1 or multi-tool" in result.output
+    assert "--task must be one of search-r1, multi-tool, guess-number" in result.output
     assert not (tmp_path / "o").exists()
 
 

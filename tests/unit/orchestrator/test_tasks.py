@@ -67,7 +67,7 @@ async def test_an_environment_that_answers_every_turn_is_token_exact(tokenizer) 
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in turns]
     obs = [
         tokenizer.encode(user_turn(tokenizer, turns[i], word), add_special_tokens=False)
-        for i, word in enumerate(["lower", "higher"])
+        for i, word in enumerate(["lower: 1 to 7", "higher: 5 to 7"])
     ]
     assert s.response_ids == ids[0] + obs[0] + ids[1] + obs[1] + ids[2]
     assert s.loss_mask == (
@@ -242,3 +242,12 @@ def test_a_task_in_a_file_outside_the_repository_loads_by_dotted_path(
 def test_a_task_that_cannot_be_built_fails_naming_the_field(cfg: TaskConfig, message: str) -> None:
     with pytest.raises(HookError, match=message):
         load_task(cfg)
+
+
+async def test_guesses_the_answers_still_allow_earn_the_consistency_bonus(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    task = secret_task(5, consistency_bonus=0.1)
+    turns = [f"<guess> {n} </guess>" for n in (8, 12, 4, 5)]  # 12: "lower" than 8 excluded it
+    _, rollout, s = make(tokenizer, task, turns, max_turns=6)
+    await rollout.run_sample(s)
+    assert [t.reward for t in s.turns] == [0.1, 0.0, 0.1, 1.0]
+    assert s.reward == pytest.approx(1.2) and s.reward_components["em"] == 1.0

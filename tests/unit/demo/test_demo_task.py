@@ -1,0 +1,46 @@
+"""`searchr1 demo --task guess-number`'s stages without the services: the warm start's
+demonstrations come out of the real loop token-exact, and the stack config it writes loads."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from orchestrator.tokenizer import rust_tokenizer
+from stack.config import load_config
+from stack.demo import DemoConfig, write_stack_config
+from stack.demo_task import TaskSampler, demo_task, demonstrations, stack_settings
+from stack.demo_warmstart import Phase
+
+
+def test_demonstrations_are_the_loops_ids_with_the_models_tokens_masked_in(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    task, _ = demo_task("guess-number", seed=0)
+    prompts = task.rows("train")[:4]
+    demos = asyncio.run(demonstrations(task, rust_tokenizer(tokenizer), prompts))
+    for p, d in zip(prompts, demos, strict=True):
+        model = [t for t, m in zip(d.response_ids, d.loss_mask, strict=True) if m]
+        assert tokenizer.decode(model) == "".join(task.demonstration(p))
+        text = tokenizer.decode(d.response_ids)
+        assert text.count("higher") + text.count("lower") == len(task.demonstration(p)) - 1
+    batches = list(TaskSampler(demos).batches(Phase("f", 3, 2, 1e-3, 1.0, False), random.Random(0)))
+    assert len(batches) == 3 and all(len(b) == 2 for b in batches)
+
+
+def test_the_stack_config_has_the_task_and_no_retriever(tmp_path: Path) -> None:
+    task, spec = demo_task("guess-number", seed=3)
+    cfg = DemoConfig(out_dir=tmp_path, task="guess-number", rl_steps=30)
+    path = write_stack_config(cfg, None, tmp_path / "model", 512, stack_settings(task, spec))
+    stack = load_config(path)
+    assert stack.local.services == ["inference", "orchestrator", "trainer"]
+    assert stack.orchestrator.task is not None
+    assert stack.orchestrator.task.name == "guess-number"
+    assert stack.orchestrator.task.options["seed"] == 3
+    assert stack.orchestrator.data.train_path is None
+    assert stack.orchestrator.rollout.max_turns == spec.rollout["max_turns"]
+    assert stack.trainer.optim.lr == spec.trainer["optim"]["lr"]
+    # enough passes over the 512 rows for 30 steps of 16 groups
+    assert stack.orchestrator.epochs * 512 >= 30 * stack.run.groups_per_step
