@@ -1,11 +1,14 @@
 """One retry policy for every Redis call of the stack: the bus, the orchestrator's resume state,
-the trainer (through the bus), the trainer's lease.
+the trainer (through the bus), the trainer's lease (taking it at start-up, renewing it).
 
 A call that fails because Redis is unreachable (connection refused or reset, timeout, the
 server still loading its AOF after a restart) is retried with exponential backoff and jitter
 until a total deadline (`bus.reconnect_timeout_s`), then `RedisUnavailable` is raised with the
 last error as its cause: a blip is waited out, an outage is an error, never swallowed. Other
-errors (a wrong command, a script error) are raised at once.
+errors (a wrong command, a script error) are raised at once. A frozen Redis (SIGSTOP: a long
+fork, a stalled VM) accepts connections and answers nothing: redis-py's 5 s socket timeout ends
+each try, so a process started or restarted meanwhile waits for it like any other outage,
+rather than exiting before it is ready (issue 46).
 
 Retries are counted in `searchr1_redis_retries_total{component,op}` and logged once per outage
 (when the first call starts retrying, and again when Redis answers), not once per attempt.

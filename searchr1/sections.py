@@ -95,8 +95,9 @@ class BusConfig(Section):
     reconnect_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="Every Redis call (bus, orchestrator state) retries while Redis is "
-        "unreachable, and raises after this long.",
+        description="Every Redis call (bus, orchestrator state, the trainer's lease, at "
+        "start-up too) retries while Redis is unreachable (down, restarting, frozen), and "
+        "raises after this long.",
     )
     backpressure_poll_s: float = Field(default=0.05, gt=0)
     max_deliveries: int = Field(
