@@ -5,8 +5,6 @@ gateway (`run_agents`, what `searchr1 agent run` runs).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,51 +19,11 @@ from gateway.runner import AgentRunner, RunSummary, load_program, load_reward, l
 from gateway.server import create_app
 from inference.client import InferenceClient
 from searchr1.bus import TrajectoryBus
+from searchr1.engine_info import model_limits, wait_for_engine
 from searchr1.sections import BusConfig
 from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 
 log = logging.getLogger(__name__)
-
-
-# A try's bound: a frozen engine accepts connections and never answers (as the orchestrator's).
-ENGINE_ANSWER_S = 10.0
-
-
-async def wait_for_engine(engine: InferenceClient, timeout_s: float) -> dict[str, Any]:
-    """The engine's model info, waiting while it starts or is frozen, for at most `timeout_s`:
-    logged once when the wait starts and once when it ends."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    deadline = start + timeout_s
-    warned = False
-    while True:
-        try:
-            left = max(deadline - loop.time(), 0.001)
-            info = dict(await asyncio.wait_for(engine.get_model_info(), min(ENGINE_ANSWER_S, left)))
-        except Exception as e:
-            if loop.time() >= deadline:
-                raise RuntimeError(f"engine not reachable after {timeout_s}s: {e!r}") from e
-            if not warned:
-                log.warning("waiting for the engine", extra={"error": repr(e)})
-                warned = True
-            await asyncio.sleep(min(1.0, max(deadline - loop.time(), 0.0)))
-            continue
-        if warned:
-            log.warning("engine answered", extra={"waited_s": round(loop.time() - start, 1)})
-        return info
-
-
-def model_limits(info: dict[str, Any], model_dir: str, tokenizer: Any) -> tuple[int, int | None]:
-    """(rows of the embedding, context length): the engine's word (ours reports both), else
-    the model directory's config.json (SGLang reports neither), else the tokenizer's size."""
-    config: dict[str, Any] = {}
-    path = Path(model_dir) / "config.json"
-    if path.is_file():
-        config = json.loads(path.read_text())
-        config = config.get("text_config", config)
-    vocab = info.get("vocab_size") or config.get("vocab_size") or len(tokenizer)
-    context = info.get("context_length") or config.get("max_position_embeddings")
-    return int(vocab), int(context) if context else None
 
 
 def load_tokenizer(path: str) -> Any:

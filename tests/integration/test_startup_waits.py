@@ -29,6 +29,7 @@ import yaml
 from inference.client import InferenceClient
 from orchestrator import wiring
 from orchestrator.markers import RunMarkers
+from searchr1 import engine_info
 from searchr1.bus import BusUnavailable, TrajectoryBus
 from searchr1.lease import RedisLease
 from searchr1.redis_retry import RETRIES, RedisRetry, RedisUnavailable
@@ -262,7 +263,7 @@ async def test_the_orchestrator_waits_for_a_frozen_engine_and_says_so(
     """A frozen engine accepts connections and never answers: the first call used to hang
     silently for the client's whole timeout (600 s). Each try is now bounded, so the wait is
     logged within `ENGINE_ANSWER_S`, and it lasts until the engine answers."""
-    monkeypatch.setattr(wiring, "ENGINE_ANSWER_S", 1.0)
+    monkeypatch.setattr(engine_info, "ENGINE_ANSWER_S", 1.0)
     url, proc = fake_engine
     engine = InferenceClient(url, deadline_s=60.0)
     logged = threading.Event()
@@ -273,7 +274,7 @@ async def test_the_orchestrator_waits_for_a_frozen_engine_and_says_so(
                 logged.set()
 
     seen = Seen()
-    logging.getLogger(wiring.__name__).addHandler(seen)
+    logging.getLogger(engine_info.__name__).addHandler(seen)
     thaw = threading.Thread(
         target=lambda: (logged.wait(20), os.kill(proc.pid, signal.SIGCONT)), daemon=True
     )
@@ -285,7 +286,7 @@ async def test_the_orchestrator_waits_for_a_frozen_engine_and_says_so(
         assert logged.is_set()  # said while it was frozen, not after a silent 20 s
         assert "engine answered" in caplog.text
     finally:
-        logging.getLogger(wiring.__name__).removeHandler(seen)
+        logging.getLogger(engine_info.__name__).removeHandler(seen)
         thaw.join()
         await engine.aclose()
 
@@ -293,7 +294,7 @@ async def test_the_orchestrator_waits_for_a_frozen_engine_and_says_so(
 async def test_the_orchestrator_gives_up_on_a_frozen_engine_at_its_deadline(
     fake_engine: tuple[str, subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wiring, "ENGINE_ANSWER_S", 1.0)
+    monkeypatch.setattr(engine_info, "ENGINE_ANSWER_S", 1.0)
     url, proc = fake_engine
     engine = InferenceClient(url, deadline_s=60.0)
     os.kill(proc.pid, signal.SIGSTOP)
