@@ -13,6 +13,7 @@ from searchr1.logs import setup_logging
 from stack.demo import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
 from stack.demo_task import TASK_DEMOS, run_task_demo
 from stack.launcher import run_supervised
+from stack.task_multitool import calculator_tool_config as multitool_calculator
 from trainer.backends.registry import BACKENDS
 
 
@@ -92,6 +93,12 @@ def demo(
         names = ", ".join((*TASKS, *TASK_DEMOS))
         typer.secho(f"error: --task must be one of {names} (got {task!r})", err=True)
         raise typer.Exit(2)
+    if task == "multi-tool":
+        try:
+            multitool_calculator()
+        except FileNotFoundError as e:
+            typer.secho(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
     if (
         warm_start_from is not None
         and not (warm_start_from / "model-warm" / "config.json").exists()

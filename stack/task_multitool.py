@@ -31,7 +31,6 @@ from typing import Any
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.search import SearchTool
-from orchestrator.tools.calculator import Calculator
 from orchestrator.tools.function_calling import ToolTurns
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
 from stack.demo_world import PROFESSIONS, _unique_words
@@ -152,16 +151,21 @@ def make_years_row(q: YearsQuestion, index: int) -> dict[str, Any]:
 
 
 def calculator_tool_config() -> tuple[dict[str, Any], str]:
-    """(the `rollout.tools` entry of the calculator, the name the policy calls it by).
+    """(the `rollout.tools` entry of the calculator, the name the policy calls it by): PyPI's
+    `mcp-server-calculator` over stdio, installed next to this interpreter or on PATH.
 
-    PyPI's `mcp-server-calculator` over stdio when it is installed (next to this interpreter
-    or on PATH); else the built-in `calculator` (same argument, `expression`)."""
+    Without it the demo refuses to start, naming the package: it used to fall back to the
+    built-in calculator silently, so a user could not tell which tool the policy learned."""
     beside = Path(sys.executable).parent / CALCULATOR_SERVER
     command = str(beside) if beside.exists() else shutil.which(CALCULATOR_SERVER)
-    if command:
-        entry = {"name": "calc", "mcp": {"command": [command], "include": [MCP_CALCULATOR]}}
-        return entry, MCP_CALCULATOR
-    return {"name": Calculator.name}, Calculator.name
+    if not command:
+        raise FileNotFoundError(
+            f"the multi-tool task needs the MCP server {CALCULATOR_SERVER!r} (PyPI "
+            f"mcp-server-calculator; it needs mcp<2: `pip install mcp-server-calculator`, or "
+            f"`python3 dev.py setup`, which installs it) next to {sys.executable} or on PATH"
+        )
+    entry = {"name": "calc", "mcp": {"command": [command], "include": [MCP_CALCULATOR]}}
+    return entry, MCP_CALCULATOR
 
 
 def apply_to_stack_config(data: dict[str, Any], calculator: dict[str, Any]) -> None:

@@ -244,3 +244,23 @@ def test_the_summary_shows_calculator_calls_only_for_the_task(
     result = {"em_before": 0.1, "calculator_calls_per_question": 1.0}
     demo_cli.print_demo_summary(result, tmp_path, "torch", "hf")
     assert "calculator calls / question" in capsys.readouterr().out
+
+
+def test_without_the_mcp_calculator_the_task_refuses_to_start_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to fall back to the built-in calculator, silently."""
+    from typer.testing import CliRunner
+
+    from stack import cli
+
+    monkeypatch.setattr(mt.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(mt.shutil, "which", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="mcp-server-calculator"):
+        mt.calculator_tool_config()
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        cli.app, ["demo", "--quick", "--out", str(out), "--task", "multi-tool"]
+    )
+    assert result.exit_code == 2 and "mcp-server-calculator" in result.output
+    assert not out.exists()
