@@ -33,7 +33,7 @@ from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, new_group
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from retriever.client import RetrieverClient
 
 # Fact i's episode searches i times: 1 to 4 generation calls per sample.

@@ -143,6 +143,13 @@ class ToolConfig(Section):
     def _one_source(self) -> ToolConfig:
         if self.factory and self.mcp:
             raise ValueError(f"tool {self.name!r}: set factory or mcp, not both")
+        builtin_search = self.name == "search" and not (self.factory or self.mcp)
+        ignored = sorted(self.model_fields_set - {"name"}) if builtin_search else []
+        if ignored:  # they were ignored silently: search's settings are orchestrator.search's
+            raise ValueError(
+                f"rollout.tools: the built-in search takes its settings from orchestrator.search, "
+                f"not from its tools entry (set there: {', '.join(ignored)})"
+            )
         return self
 
 

@@ -48,10 +48,10 @@ from orchestrator.observation import (
 )
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.sample import Sample, Status, ToolCallRecord, TurnRecord
-from orchestrator.search import SearchTool
 from orchestrator.tools.function_calling import ParsedCall, ToolTurns, parse_tool_calls, truncate
 from orchestrator.tools.metrics import TOOL_CALLS
 from orchestrator.tools.runner import Limits
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import UNKNOWN, CallOutcome, Toolbox, describe_calls, entry
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
 from orchestrator.server import LoopState, create_app
 from orchestrator.tasks.base import Task
 from orchestrator.tasks.registry import load_task, task_rows
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Toolbox
 from retriever.client import RetrieverClient
 from searchr1.bus import TrajectoryBus

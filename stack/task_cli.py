@@ -26,10 +26,10 @@ from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, new_group
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
 from orchestrator.tasks.base import SPLITS, Task
 from orchestrator.tasks.registry import BUILTIN_TASKS, load_task, task_rows
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Toolbox
 from searchr1.dotted import load_object
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
-from orchestrator.search import SearchTool
 from orchestrator.tools.function_calling import ToolTurns
+from orchestrator.tools.search import SearchTool
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
 from stack.demo_world import PROFESSIONS, _unique_words
 

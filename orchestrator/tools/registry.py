@@ -12,12 +12,12 @@ from typing import Any
 
 from orchestrator.config import ToolConfig
 from orchestrator.hooks import HookError, load_hook
-from orchestrator.search import SearchTool
 from orchestrator.tools.base import Tool, check_schema
 from orchestrator.tools.calculator import Calculator
 from orchestrator.tools.mcp import connect_mcp
 from orchestrator.tools.python_exec import PythonTool
 from orchestrator.tools.runner import Limits
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Entry, Toolbox, close_tools, entry
 
 # name -> builder(options) of the built-ins other than search (which needs the retriever).

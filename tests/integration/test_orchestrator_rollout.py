@@ -26,8 +26,8 @@ from orchestrator.observation import OBS_PREFIX, OBS_SUFFIX
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
-from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.search import SearchTool
 from retriever.client import RetrieverClient
 from searchr1.redis_server import free_port
 

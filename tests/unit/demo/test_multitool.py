@@ -20,9 +20,9 @@ from orchestrator.rewards import components
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import mask_runs
 from orchestrator.sample import Prompt, Status, new_group
-from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.search import SearchTool
 from stack import task_multitool as mt
 from stack.demo import CONFIG_TEMPLATE
 from stack.demo_warmstart import WarmStartConfig

@@ -42,7 +42,7 @@ METRIC_MODULES = [
     "searchr1.weightsync.receiver",
     "inference.client",
     "orchestrator.metrics",
-    "orchestrator.search",
+    "orchestrator.tools.search",
     "trainer.metrics",
     "searchr1.service",
     "searchr1.bus",

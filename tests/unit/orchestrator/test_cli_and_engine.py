@@ -15,7 +15,7 @@ from orchestrator.metrics import step_summary
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status, new_group
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from stack.cli import app
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2, FakeRetriever

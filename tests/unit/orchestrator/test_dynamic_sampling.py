@@ -19,7 +19,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt, new_group
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine

@@ -15,7 +15,7 @@ from orchestrator.prompt import make_row, prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Status
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine

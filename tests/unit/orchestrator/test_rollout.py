@@ -14,8 +14,8 @@ from orchestrator.observation import observation_text
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Status, new_group
-from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.search import SearchTool
 from orchestrator.trajectory import to_trajectory
 from protos.trajectory import FinishReason, decode, encode
 from tests.unit.orchestrator.conftest import ScriptedEngine

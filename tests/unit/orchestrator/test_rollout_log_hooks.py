@@ -13,8 +13,8 @@ from inspector.rundir import Ref, RunDir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import RolloutLog
-from orchestrator.search import SearchTool
 from orchestrator.server import LoopState, create_app
+from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine

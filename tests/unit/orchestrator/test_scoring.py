@@ -9,7 +9,7 @@ from orchestrator.hooks import HookError, load_hook
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from tests.unit.orchestrator.conftest import ScriptedEngine
 
 H = "tests.unit.orchestrator.hook_examples"

@@ -9,7 +9,7 @@ from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import new_group
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from retriever.client import RetrieverBadRequest, RetrieverUnavailable, SearchHit
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2

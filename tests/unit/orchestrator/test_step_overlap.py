@@ -14,7 +14,7 @@ from orchestrator.loop import Orchestrator
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
 from orchestrator.scoring import Scorer
-from orchestrator.search import SearchTool
+from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine

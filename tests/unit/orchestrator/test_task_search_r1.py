@@ -13,10 +13,10 @@ from orchestrator.data import write_parquet
 from orchestrator.prompt import make_row
 from orchestrator.rollout import Rollout
 from orchestrator.sample import new_group
-from orchestrator.search import SearchTool
 from orchestrator.tasks.registry import load_task
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.search import SearchTool
 from orchestrator.wiring import rollout_settings, training_prompts
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import FakeRetriever

@@ -14,13 +14,13 @@ from pydantic import ValidationError
 
 from orchestrator.config import OrchestratorConfig, RolloutConfig, SearchConfig, ToolConfig
 from orchestrator.hooks import HookError
-from orchestrator.search import SearchTool
 from orchestrator.tools.base import ToolError
 from orchestrator.tools.calculator import Calculator, evaluate
 from orchestrator.tools.metrics import TOOL_BREAKER_OPEN, TOOL_CALLS, TOOL_FAILURES
 from orchestrator.tools.python_exec import PythonTool
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.runner import Limits
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import UNKNOWN, Toolbox
 from orchestrator.wiring import Clients, connect_rollout
 from tests.unit.orchestrator.conftest import ScriptedEngine
@@ -345,3 +345,18 @@ async def test_the_service_builds_rollout_tools_once_at_start_up(tokenizer, tiny
     )
     with pytest.raises(HookError, match=r"rollout\.tools\[0\] \(x\)\.factory"):
         await connect_rollout(bad, Clients(Engine(tokenizer, ["x"]), FakeRetriever(), None))  # type: ignore[arg-type]
+
+
+def test_limits_on_the_search_entry_of_rollout_tools_are_refused_not_ignored() -> None:
+    """Issue 42: `rollout.tools: [{name: search, timeout_s: 3}]` was accepted and its limits
+    silently ignored (search reads orchestrator.search)."""
+    from pydantic import ValidationError
+
+    from orchestrator.config import OrchestratorConfig
+
+    with pytest.raises(ValidationError, match=r"orchestrator\.search.*timeout_s"):
+        OrchestratorConfig.model_validate(
+            {"rollout": {"tools": [{"name": "search", "timeout_s": 3}]}}
+        )
+    cfg = OrchestratorConfig.model_validate({"rollout": {"tools": ["search"]}})
+    assert cfg.rollout.tools[0].name == "search"

@@ -13,11 +13,11 @@ from orchestrator.config import RolloutConfig, SearchConfig, ToolConfig
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
-from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.function_calling import parse_tool_calls
 from orchestrator.tools.metrics import TOOL_CALLS
 from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import UNKNOWN
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import DOCS, FakeRetriever

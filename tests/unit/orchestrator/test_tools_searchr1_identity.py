@@ -20,9 +20,9 @@ from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, new_group
-from orchestrator.search import SearchTool
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
+from orchestrator.tools.search import SearchTool
 from orchestrator.trajectory import to_trajectory
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import PROMPT, TURN1, TURN2, FakeRetriever
