@@ -47,9 +47,10 @@ async def post_escaped(http: httpx.AsyncClient, body: dict) -> httpx.Response:
 
 
 async def still_serves(http: httpx.AsyncClient) -> None:
-    r = await http.post(
-        "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
-    )
+    # ignore_eos: the random tiny model samples its end-of-sequence token now and then (a
+    # one-token answer failed a CI run), and the check is that the engine serves, not how long.
+    params = {"max_new_tokens": 2, "ignore_eos": True}
+    r = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": params})
     assert r.status_code == 200, r.text
     assert len(r.json()["output_ids"]) == 2
 
