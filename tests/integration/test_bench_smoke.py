@@ -124,6 +124,15 @@ def test_demo_benches_smoke(tmp_path: Path) -> None:
         "demo_seeds", ["--quick", "--seeds", "1", "--modes", "plain", "--out", str(out)], 840,
         ROOT,
     )  # fmt: skip
-    assert set(seeds) == {"plain_em_min", "plain_em_mean", "plain_at_goal"}
+    assert set(seeds) == {
+        "task",
+        "plain_em_min",
+        "plain_em_mean",
+        "plain_at_goal",
+        "plain_gain_min",
+        "plain_gain_mean",
+        "plain_learned",
+    }
+    assert seeds["task"] == "search-r1"
     runs = run_bench("demo_runs", [str(out / "plain-seed1")], 60, ROOT)
     assert "plain_seed1_em_after" in runs and float(runs["plain_seed1_em_after"]) >= 0
