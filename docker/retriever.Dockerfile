@@ -35,6 +35,7 @@ COPY inference /src/inference
 COPY orchestrator /src/orchestrator
 COPY trainer /src/trainer
 COPY inspector /src/inspector
+COPY gateway /src/gateway
 COPY stack /src/stack
 RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh wheel
 
