@@ -59,7 +59,12 @@ TASK_DEMOS: dict[str, TaskDemo] = {
     # the feedback wins about 1 in 4. The warm start sees binary search on a few secrets.
     "guess-number": TaskDemo(
         options={"high": 16, "train_size": 512, "eval_size": 64, "consistency_bonus": 0.1},
-        rollout={"max_turns": 4, "max_tokens_per_turn": 12, "max_response_tokens": 192},
+        rollout={
+            "max_turns": 4,
+            "max_tokens_per_turn": 12,
+            "max_response_tokens": 192,
+            "temperature": 0.6,
+        },
         rl_steps=40,
         warm_start=WarmStartConfig(copy_steps=0, format_steps=35, mix_steps=0, batch_size=16),
         trainer={"optim": {"lr": 1e-3}},
