@@ -86,20 +86,27 @@ class GuessNumberTask(Task):
         self.par = math.ceil(math.log2(self.high + 1))
 
     def rows(self, split: Split) -> list[Prompt]:
-        # Eval games draw their secrets from another stream than training's: the same
-        # numbers recur (there are only `high`), the games' ids do not.
+        # The prompt is the same for every game, so a policy is a fixed strategy and its
+        # success is the share of the secrets it finds: eval games cover every secret equally
+        # (64 random draws of 16 numbers weighed one secret 9 times, another once), in a
+        # shuffled order; training games draw theirs at random.
         rng = random.Random(f"{self.seed}/{split}")
         size = self.train_size if split == "train" else self.eval_size
+        if split == "train":
+            secrets = [rng.randint(1, self.high) for _ in range(size)]
+        else:
+            secrets = [i % self.high + 1 for i in range(size)]
+            rng.shuffle(secrets)
         content = INSTRUCTION.format(high=self.high)
         return [
             Prompt(
                 prompt_id=f"{self.name}/{split}/{i}",
                 data_source=self.name,
                 messages=[{"role": "user", "content": content}],
-                golds=[str(rng.randint(1, self.high))],
+                golds=[str(secret)],
                 metadata={"split": split, "index": str(i)},
             )
-            for i in range(size)
+            for i, secret in enumerate(secrets)
         ]
 
     def episode(self, prompt: Prompt) -> Episode:

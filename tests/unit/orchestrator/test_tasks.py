@@ -4,6 +4,7 @@ tasks loaded by name and by dotted path; the built-in guess-number game."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import sys
 import textwrap
 
@@ -251,3 +252,11 @@ async def test_guesses_the_answers_still_allow_earn_the_consistency_bonus(tokeni
     await rollout.run_sample(s)
     assert [t.reward for t in s.turns] == [0.1, 0.0, 0.1, 1.0]
     assert s.reward == pytest.approx(1.2) and s.reward_components["em"] == 1.0
+
+
+def test_eval_games_cover_every_secret_equally() -> None:
+    """A policy's success is the share of secrets it finds: eval must not weigh some more."""
+    rows = GuessNumberTask({"high": 16, "eval_size": 64, "seed": 5}).rows("eval")
+    counts = collections.Counter(int(p.golds[0]) for p in rows)
+    assert counts == {n: 4 for n in range(1, 17)}
+    assert [p.golds for p in rows] != sorted(p.golds for p in rows)  # shuffled
