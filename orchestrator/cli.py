@@ -27,6 +27,7 @@ from orchestrator.evaluate import format_table
 from orchestrator.hooks import HookError, load_hook
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
+from orchestrator.tasks.base import steps_episodes
 from orchestrator.wiring import (
     configured_task,
     evaluate_served,
@@ -102,7 +103,7 @@ def run(
         raise _fail("orchestrator.data.train_path is not set (or pass --data, or set a task)")
     try:  # everything that can be checked without the other services fails here, not later
         task = configured_task(orch)
-        Scorer(orch.reward, scored_by_task=task is not None and task.loop_tools is None)
+        Scorer(orch.reward, scored_by_task=steps_episodes(task))
         prompts = training_prompts(orch, task)
         check_enough_data(cfg, prompts)
         validation_prompts(orch, task)

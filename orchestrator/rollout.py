@@ -114,9 +114,10 @@ class Rollout:
         # (the engine stops at the end-of-turn token, which the template's rendering needs);
         # a task's environment: the task's stop strings, else none.
         fc_default = self.function_calling and "stop" not in cfg.model_fields_set
-        self.stop: list[str] = [] if fc_default else list(cfg.stop)
         if env is not None:
-            self.stop = list(env.task.stop or [])
+            self.stop: list[str] = list(env.task.stop or [])
+        else:
+            self.stop = [] if fc_default else list(cfg.stop)
         self.tool_turns = ToolTurns(tokenizer, tools.schemas()) if self.function_calling else None
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self.tokenizer = tokenizer

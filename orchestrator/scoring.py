@@ -63,13 +63,13 @@ class Scorer:
                     "reward.function: the task's rubric scores its samples (Task.score); "
                     "leave reward.function unset"
                 )
-            self._fn: Callable[..., Any] = _builtins(cfg)["em"]
-        elif cfg.function in BUILTIN_REWARDS:
+            return  # the rubric has scored each sample already: no function to load
+        if cfg.function in BUILTIN_REWARDS:
             if cfg.group:
                 raise HookError(
                     "reward.group: built-in reward functions score one sample; set group: false"
                 )
-            self._fn = _builtins(cfg)[cfg.function]
+            self._fn: Callable[..., Any] = _builtins(cfg)[cfg.function]
         else:
             if "." not in cfg.function and ":" not in cfg.function:
                 raise HookError(

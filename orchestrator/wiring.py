@@ -25,7 +25,7 @@ from orchestrator.rollout_log import RolloutLog
 from orchestrator.sample import Prompt
 from orchestrator.scoring import Scorer
 from orchestrator.server import LoopState, create_app
-from orchestrator.tasks.base import Task
+from orchestrator.tasks.base import Task, steps_episodes
 from orchestrator.tasks.registry import load_task, task_rows
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
@@ -136,7 +136,7 @@ def rollout_settings(cfg: OrchestratorConfig, task: Task | None) -> Orchestrator
 
 def uses_retriever(cfg: OrchestratorConfig, task: Task | None) -> bool:
     """Whether the rollouts search (so the retriever must be up)."""
-    if task is not None and task.loop_tools is None:
+    if steps_episodes(task):
         return False
     return any(t.name == "search" for t in rollout_settings(cfg, task).rollout.tools)
 
@@ -159,7 +159,7 @@ async def connect_rollout(
     clients.engine.vocab_size = vocab_size
     cfg = rollout_settings(cfg, task)
     env = None
-    if task is not None and task.loop_tools is None:  # the task's environment, no tools
+    if steps_episodes(task):  # the task's environment, no tools
         env = EnvTurns(
             task,
             tokenizer,
@@ -189,7 +189,7 @@ async def build_orchestrator(
     """Validate everything that can fail at start-up (hooks, task, data) before any rollout.
     `task`: `orchestrator.task` as built already (else built here)."""
     task = task or configured_task(cfg)
-    scorer = Scorer(cfg.reward, scored_by_task=task is not None and task.loop_tools is None)
+    scorer = Scorer(cfg.reward, scored_by_task=steps_episodes(task))
     prompts = training_prompts(cfg, task)
     sampler = PromptSampler(
         prompts,

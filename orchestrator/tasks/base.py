@@ -76,6 +76,12 @@ class LoopTools:
     tools: list[ToolConfig]
 
 
+def steps_episodes(task: Task | None) -> bool:
+    """Whether `task`'s samples step episodes (and its rubric scores them): a task that does
+    not serve its environment through the loop's tools."""
+    return task is not None and task.loop_tools is None
+
+
 class Task(ABC):
     """Subclass, set `name`, implement `rows`; add `episode` for an environment that answers
     each turn and `score` for a rubric. Built from `orchestrator.task.options`."""
