@@ -32,6 +32,7 @@ from inference.sglang_launcher import cpu_settings
 from inference.tiny_model import default_corpus, make_tiny_model
 from orchestrator.data import load_prompts
 from orchestrator.prompt import make_row
+from orchestrator.tasks.registry import load_task
 from orchestrator.wiring import evaluate_served
 from retriever.build import build_index
 from retriever.config import BuildConfig
@@ -286,14 +287,15 @@ def write_stack_config(
     return path
 
 
-def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | None) -> dict:
-    """Greedy held-out evaluation through the real retriever and engine.
+def evaluate(stack: Path, model_dir: Path, data: Path | None, out: Path, limit: int | None) -> dict:
+    """Greedy held-out evaluation through the real retriever and engine; `data` None: the
+    rows of the stack's task (`orchestrator.task`), through the engine alone.
 
     In this process (not a `searchr1 eval` child): an interrupt can then never leave an
     evaluation running behind the demo.
     """
     cfg = load_config(stack)
-    cfg.local.services = ["retriever", "inference"]
+    cfg.local.services = ["retriever", "inference"] if data is not None else ["inference"]
     specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
     for spec in specs:
         if spec.name.startswith("inference"):
@@ -301,7 +303,11 @@ def evaluate(stack: Path, model_dir: Path, data: Path, out: Path, limit: int | N
     sup = Supervisor(specs, Path(cfg.local.log_dir) / f"eval-{out.stem}")
     sup.start()
     try:
-        prompts = load_prompts(data, limit)
+        if data is not None:
+            prompts = load_prompts(data, limit)
+        else:
+            assert cfg.orchestrator.task is not None, "a task's demo configures its task"
+            prompts = load_task(cfg.orchestrator.task).rows("eval")[:limit]
         result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
     finally:
         sup.stop()

@@ -16,14 +16,12 @@ by the rubric for winning in few moves) has to do the rest.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from inference.tiny_model import default_corpus
@@ -32,12 +30,10 @@ from orchestrator.sample import Prompt, new_group
 from orchestrator.tasks.base import Task
 from orchestrator.tasks.registry import load_task
 from orchestrator.tokenizer import rust_tokenizer
-from orchestrator.wiring import evaluate_served
-from searchr1.supervisor import Supervisor
 from stack.config import load_config
-from stack.demo import DemoConfig, build_policy_from, plot, write_stack_config
+from stack.demo import DemoConfig, build_policy_from, evaluate, plot, write_stack_config
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
-from stack.launcher import build_specs, run_local
+from stack.launcher import run_local
 from stack.task_cli import scripted_rollout
 
 log = logging.getLogger(__name__)
@@ -127,25 +123,6 @@ def stack_settings(task: Task, spec: TaskDemo) -> Any:
     return edit
 
 
-def evaluate_task(stack: Path, model_dir: Path, out: Path, limit: int | None) -> dict[str, Any]:
-    """Greedy held-out evaluation of the task's eval rows through the real engine."""
-    cfg = load_config(stack)
-    cfg.local.services = ["inference"]
-    specs = build_specs(cfg, stack, "redis://127.0.0.1:1/0")
-    for spec in specs:
-        spec.command += ["--model", str(model_dir)]
-    sup = Supervisor(specs, Path(cfg.local.log_dir) / f"eval-{out.stem}")
-    sup.start()
-    try:
-        task = load_task(cfg.orchestrator.task)  # type: ignore[arg-type]
-        prompts = task.rows("eval")[:limit] if limit else task.rows("eval")
-        result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
-    finally:
-        sup.stop()
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
-
-
 def run_task_demo(cfg: DemoConfig) -> dict[str, float]:
     """`cfg`: the demo's settings, `cfg.task` naming a task of TASK_DEMOS."""
     start = time.monotonic()
@@ -166,10 +143,10 @@ def run_task_demo(cfg: DemoConfig) -> dict[str, float]:
         warm = cfg.warm_start_from / "model-warm"
     n_train = len(task.rows("train"))
     stack = write_stack_config(cfg, None, warm, n_train, stack_settings(task, spec))
-    before = evaluate_task(stack, warm, cfg.out_dir / "eval_before.json", cfg.eval_limit)
+    before = evaluate(stack, warm, None, cfg.out_dir / "eval_before.json", cfg.eval_limit)
     run_local(load_config(stack), stack, max_steps=cfg.rl_steps)
     trained = cfg.out_dir / "model-trained"
-    after = evaluate_task(stack, trained, cfg.out_dir / "eval_after.json", cfg.eval_limit)
+    after = evaluate(stack, trained, None, cfg.out_dir / "eval_after.json", cfg.eval_limit)
     b, a = before["overall"], after["overall"]
     plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
     turns = {k: float(r.get("turns_mean", math.nan)) for k, r in (("b", b), ("a", a))}
