@@ -160,7 +160,12 @@ async def test_searches_exhausted_together_share_one_ready_probe() -> None:
         client, SearchConfig(max_attempts=1, breaker_failures=100, breaker_probe_s=10, **FAST)
     )
     waiting = [asyncio.create_task(tool.search(f"q{i}")) for i in range(50)]
-    await asyncio.sleep(0.2)
+    # polled, not a fixed sleep: on a loaded CI machine 50 searches took longer than 0.2 s to
+    # run out of retries; once open (on a failed probe) the breaker keeps the next probe 10 s off
+    for _ in range(500):
+        if tool.breaker_open:
+            break
+        await asyncio.sleep(0.01)
     assert tool.breaker_open and client.ready_calls == 1
     for t in waiting:
         t.cancel()
