@@ -34,8 +34,8 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceClient
 from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 from searchr1.weightsync.handover import HandoverSender

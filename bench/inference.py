@@ -30,8 +30,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceClient
 from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 
@@ -132,7 +132,7 @@ def raw_broadcast(path: Path) -> tuple[int, float]:
 async def weight_push(url: str, path: Path, bucket_mb: int) -> tuple[int, float]:
     from safetensors.torch import load_file
 
-    from inference.client import InferenceClient
+    from engine_client.client import InferenceClient
     from searchr1.weightsync.sender import WeightSender
 
     named = list(load_file(str(path)).items())

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
+from engine_client.client import InferenceClient
+from engine_client.pool import EnginePool
 from harness.inference_server import InferenceServerProcess, RouterProcess
 from harness.multiturn import PrefixStats, drive
-from inference.client import InferenceClient
-from inference.pool import EnginePool
 from inference.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine_client.client import InferenceClient
 from harness.orchestrator_policy import build_episodes, train_policy
 from harness.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
-from inference.client import InferenceClient
 from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
 from orchestrator.rollout import Rollout

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceClient
 from inference.tiny_model import make_tiny_model, qwen2_config
 from searchr1.weightsync.baseline import RESYNCS, Baseline
 from searchr1.weightsync.delta import bits

@@ -35,6 +35,7 @@ COPY searchr1 /src/searchr1
 COPY protos /src/protos
 COPY retriever /src/retriever
 COPY inference /src/inference
+COPY engine_client /src/engine_client
 COPY orchestrator /src/orchestrator
 COPY trainer /src/trainer
 COPY inspector /src/inspector

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine_client.client import InferenceBadRequest, InferenceUnavailable
 from gateway import metrics
 from gateway.bridge import Extend, Fork, Renderer, Replay, Segment, TurnRecord, match
 from gateway.config import GatewayConfig, HistoryEdits
@@ -33,7 +34,6 @@ from gateway.openai_api import (
 )
 from gateway.publish import Publisher
 from gateway.sessions import Ident, Session, SessionTable
-from inference.client import InferenceBadRequest, InferenceUnavailable
 from searchr1.chat_template import parse_tool_calls, strip_tool_calls
 
 log = logging.getLogger(__name__)

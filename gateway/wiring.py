@@ -11,13 +11,13 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from engine_client.client import InferenceClient
 from gateway.bridge import Renderer
 from gateway.config import AgentConfig, GatewayConfig
 from gateway.core import Gateway
 from gateway.publish import Publisher
 from gateway.runner import AgentRunner, RunSummary, load_program, load_reward, load_rows
 from gateway.server import create_app
-from inference.client import InferenceClient
 from searchr1.bus import TrajectoryBus
 from searchr1.engine_info import model_limits, wait_for_engine
 from searchr1.sections import BusConfig

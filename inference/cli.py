@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from inference.client import InferenceClient, InferenceError
+from engine_client.client import InferenceClient, InferenceError
 from inference.config import InferenceSettings
 from inference.tiny_model import make_tiny_model
 from searchr1.cli_common import ConfigOption, add_show_config, start_service

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from inference.client import InferenceBadRequest, InferenceUnavailable
+from engine_client.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
 from orchestrator.config import ActionFormat, RolloutConfig, RoutingKey, TurnSemantics
 from orchestrator.env_turns import EnvTurns

@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from inference.client import InferenceClient
-from inference.pool import EnginePool
+from engine_client.client import InferenceClient
+from engine_client.pool import EnginePool
 from inspector.server import create_app as create_inspector
 from orchestrator.loop import Orchestrator
 from retriever.client import RetrieverClient

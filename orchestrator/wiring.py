@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.client import InferenceClient
-from inference.pool import EnginePool
+from engine_client.client import InferenceClient
+from engine_client.pool import EnginePool
 from orchestrator.config import OrchestratorConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
 from orchestrator.env_turns import EnvTurns, env_limits

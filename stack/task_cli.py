@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from inference.client import GenerateResult
+from engine_client.client import GenerateResult
 from orchestrator.config import RewardConfig, RolloutConfig, SearchConfig, TaskConfig
 from orchestrator.env_turns import EnvTurns, env_limits
 from orchestrator.hooks import HookError

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from inference.client import InferenceBadRequest, InferenceClient, InferenceError
+from engine_client.client import InferenceBadRequest, InferenceClient, InferenceError
 from searchr1.weightsync.baseline import Baseline, delta_capable, log_resync, write_delta_dir
 from searchr1.weightsync.group import dtype_from_name
 from searchr1.weightsync.handover import HandoverSender

@@ -22,7 +22,7 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from openai import AsyncOpenAI
 
-from inference.client import InferenceClient
+from engine_client.client import InferenceClient
 from protos.trajectory import Trajectory
 from searchr1.bus import TrajectoryBus
 from searchr1.chat_template import ToolTurns, prompt_token_ids

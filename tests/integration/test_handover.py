@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from inference.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
+from engine_client.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
 from searchr1.weightsync.handover import LOAD_FORMAT, HandoverSender, Packed, sglang_serialized
 from tests.support.engines import ENGINES, Target, engine_server
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from inference.client import InferenceBadRequest, InferenceClient
+from engine_client.client import InferenceBadRequest, InferenceClient
 from tests.support.engines import ENGINES, Target, engine_server
 
 TOKEN = "test-admin-token"

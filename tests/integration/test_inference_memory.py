@@ -17,8 +17,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
+from engine_client.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
 from inference.tiny_model import make_tiny_model
 from searchr1.weightsync.handover import LOAD_FORMAT, Handover, HandoverSender, Packed
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inference.client import InferenceBadRequest, InferenceClient
+from engine_client.client import InferenceBadRequest, InferenceClient
 from searchr1.redis_server import free_port
 from searchr1.weightsync.protocol import EngineRefused
 from searchr1.weightsync.sender import WeightSender
@@ -184,7 +184,7 @@ async def test_engine_refusing_before_receiving_does_not_hang_the_sender(
 SENDER_WITH_A_REFUSED_PUSH = """
 import asyncio, sys
 from safetensors.torch import load_file
-from inference.client import InferenceClient
+from engine_client.client import InferenceClient
 from searchr1.redis_server import free_port
 from searchr1.weightsync.sender import WeightSender
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from engine_client.client import InferenceClient
 from harness.orchestrator_stack import Service
-from inference.client import InferenceClient
 from tests.integration import test_orchestrator_rollout as rollout_tests
 from tests.integration.test_orchestrator_rollout import Stack, drain, write_config
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from engine_client.client import InferenceClient
 from harness.orchestrator_policy import build_episodes, train_policy
 from harness.orchestrator_stack import FACTS, SEARCHR1, Service, write_corpus
-from inference.client import InferenceClient
 from orchestrator import metrics
 from orchestrator.config import INVALID_ACTION_MESSAGE, RolloutConfig, SearchConfig
 from orchestrator.observation import OBS_PREFIX, OBS_SUFFIX

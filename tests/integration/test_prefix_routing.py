@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from engine_client.client import InferenceClient, InferenceUnavailable
+from engine_client.pool import EnginePool
 from harness.inference_server import InferenceServerProcess, RouterProcess
 from harness.multiturn import drive
-from inference.client import InferenceClient, InferenceUnavailable
-from inference.pool import EnginePool
 from tests.support.engines import ENGINES, Target, engine_server, sglang_python
 
 CACHE_ON = {"SEARCHR1_INFERENCE__TORCH_ENGINE__PREFIX_CACHE_TOKENS": "65536"}

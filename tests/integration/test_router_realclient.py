@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_client.client import InferenceClient, InferencePartialFailure
 from harness.inference_server import InferenceServerProcess, RouterProcess
-from inference.client import InferenceClient, InferencePartialFailure
 from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 from tests.support.engines import sglang_python

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from inference.client import InferenceClient
+from engine_client.client import InferenceClient
 from orchestrator import wiring
 from orchestrator.markers import RunMarkers
 from searchr1 import engine_info

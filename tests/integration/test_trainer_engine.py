@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceClient
 from protos.trajectory import SCHEMA_VERSION, Trajectory
 from searchr1.redis_server import free_port
 from searchr1.sections import RunConfig

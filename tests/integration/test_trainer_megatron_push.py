@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
+from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
-from inference.client import InferenceClient
 from searchr1.redis_server import free_port
 from tests.support.torchrun import torchrun, torchrun_env
 

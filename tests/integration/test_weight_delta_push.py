@@ -13,7 +13,7 @@ import torch
 from prometheus_client import REGISTRY
 from safetensors.torch import load_file
 
-from inference.client import InferenceClient
+from engine_client.client import InferenceClient
 from searchr1.weightsync.baseline import Baseline
 from searchr1.weightsync.delta import bits
 from searchr1.weightsync.sender import WeightSender

@@ -2,7 +2,9 @@
 
 - The floor (`searchr1/` and `protos/`) imports no service and nothing from the roof
   (`stack/`): every service can use it.
-- A service imports another service only through its client (weight sync is in the floor).
+- A service imports another service only through its client (weight sync is in the floor);
+  the engines' clients are a package of their own (`engine_client/`) on the floor, which the
+  engine does not import.
 - No import cycle between modules, function-local imports included (they hid one before), and
   none between folders.
 - Every `config.py` is a leaf: it imports config modules and import-free modules only.
@@ -25,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("retriever", "inference", "orchestrator", "trainer", "gateway")
 # Packages that are neither services nor the floor: what services may use of each other.
 TOOLS = ("inspector",)
-PACKAGES = ("searchr1", "protos", *SERVICES, *TOOLS, "stack")
+# The engines' clients: any service may use them; they stand on the floor only, and the engine
+# (`inference/`) does not import them.
+CLIENTS = ("engine_client",)
+PACKAGES = ("searchr1", "protos", *SERVICES, *TOOLS, *CLIENTS, "stack")
 # Not shipped: what tests and benchmarks share (service processes, synthetic data, fakes).
 SUPPORT = ("harness", "bench")
 # Function-local imports of project modules in PACKAGES: kept for optional dependencies only.
@@ -40,13 +45,11 @@ MAIN_LOOPS = {
 }
 # (importer, imported module): the only doors from one service (or tool) into another.
 ALLOWED_CROSSINGS = {
-    ("orchestrator", "inference.client"),
-    ("orchestrator", "inference.pool"),  # the client over several engines
     ("orchestrator", "retriever.client"),
     ("orchestrator", "inspector"),  # the run inspector mounted at /ui (optional)
-    ("trainer", "inference.client"),
-    ("gateway", "inference.client"),
 }
+# Modules of the engine that may use its clients: `push-weights` is a client-side command.
+ENGINE_CLIENT_USERS = {"inference.cli"}
 
 
 def module_name(path: Path) -> str:
@@ -175,6 +178,19 @@ def test_services_meet_only_through_clients_and_weight_sync(graph) -> None:  # t
     assert not bad, "imports across services:\n" + "\n".join(sorted(bad))
 
 
+def test_the_clients_stand_on_the_floor_and_the_engine_does_not_import_them(graph) -> None:  # type: ignore[no-untyped-def]
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if (top(m) in CLIENTS and not is_floor(t) and top(t) != top(m))
+        or (top(m) == "inference" and top(t) in CLIENTS and m not in ENGINE_CLIENT_USERS)
+    )
+    assert not bad, "clients importing above the floor, or the engine importing its clients:\n" + (
+        "\n".join(bad)
+    )
+
+
 def test_no_import_cycles(graph) -> None:  # type: ignore[no-untyped-def]
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
@@ -186,7 +202,7 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path: Path) ->
     """The rules are only as good as the import scan: it must not miss the hidden kinds."""
     modules = product_modules()
     src = ROOT / "orchestrator" / "wiring.py"
-    assert "inference.client" in imports_of(src, modules)
+    assert "engine_client.client" in imports_of(src, modules)
     probe = tmp_path / "probe.py"
     probe.write_text(
         "def f():\n    from trainer.loop import TrainingLoop\n    from .bus import X\n"

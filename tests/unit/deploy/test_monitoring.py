@@ -40,7 +40,7 @@ METRIC_MODULES = [
     "inference.engine",
     "inference.server",
     "searchr1.weightsync.receiver",
-    "inference.client",
+    "engine_client.client",
     "orchestrator.metrics",
     "orchestrator.tools.search",
     "trainer.metrics",

@@ -202,7 +202,7 @@ async def test_engine_failures_are_503_and_aborts_are_regenerated(make_rig) -> N
 
     from openai import InternalServerError
 
-    from inference.client import InferenceUnavailable
+    from engine_client.client import InferenceUnavailable
 
     rig = make_rig(["ok" + EOT], max_abort_retries=1)
     scripted = rig.engine.generate

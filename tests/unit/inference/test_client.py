@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from inference.client import (
+from engine_client.client import (
     InferenceBadRequest,
     InferenceClient,
     InferenceUnavailable,
@@ -115,7 +115,7 @@ async def test_retries_stopped_by_the_deadline_say_so(monkeypatch: pytest.Monkey
     """The next retry's backoff would end past the deadline: the call stops there, and says the
     deadline stopped it (it raised the last 503 alone, as if retries had run out: the test
     above flaked on it)."""
-    import inference.client as client_module
+    import engine_client.client as client_module
 
     monkeypatch.setattr(client_module.random, "random", lambda: 0.9)  # backoff 0.8 x 1.4
 

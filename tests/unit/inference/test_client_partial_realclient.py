@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from inference.client import InferenceBadRequest, InferenceClient, InferencePartialFailure
+from engine_client.client import InferenceBadRequest, InferenceClient, InferencePartialFailure
 
 ROUTER_206 = {
     "status": "partial_success",

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from inference.client import InferenceClient, InferenceUnavailable
+from engine_client.client import InferenceClient, InferenceUnavailable
 
 
 async def serve(app: web.Application) -> TestServer:

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.client import GenerateResult, InferenceClient, InferenceUnavailable
-from inference.pool import FROZEN, EnginePool
+from engine_client.client import GenerateResult, InferenceClient, InferenceUnavailable
+from engine_client.pool import FROZEN, EnginePool
 
 
 def result(engine: str) -> GenerateResult:

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from inference.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
+from engine_client.client import InferenceBadRequest, InferenceClient, InferenceUnavailable
 from searchr1.redis_server import free_port
 from searchr1.weightsync.protocol import EngineRefused
 from searchr1.weightsync.sender import WeightSender

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from inference.client import InferenceBadRequest, InferenceUnavailable
+from engine_client.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator.config import RolloutConfig, SearchConfig
 from orchestrator.metrics import step_summary
 from orchestrator.prompt import prompt_token_ids

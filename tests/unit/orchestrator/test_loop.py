@@ -181,7 +181,7 @@ class RejectingEngine(ScriptedEngine):
     bad_prefix: tuple[int, ...] = ()
 
     async def generate(self, input_ids, **kw):  # type: ignore[no-untyped-def]
-        from inference.client import InferenceBadRequest
+        from engine_client.client import InferenceBadRequest
 
         if tuple(input_ids[: len(self.bad_prefix)]) == self.bad_prefix:
             raise InferenceBadRequest("/generate: HTTP 400: prompt too long")

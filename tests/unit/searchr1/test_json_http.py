@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from inference.client import InferenceClient, InferenceUnavailable
+from engine_client.client import InferenceClient, InferenceUnavailable
 from retriever.client import RetrieverClient, RetrieverUnavailable
 from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, dumps, loads
 from searchr1.redis_server import free_port

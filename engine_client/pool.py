@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import Counter, Gauge
 
-from inference.client import GenerateResult, InferenceClient, InferenceUnavailable
+from engine_client.client import GenerateResult, InferenceClient, InferenceUnavailable
 
 ROUTED = Counter(
     "searchr1_inference_pool_routed_total",
