@@ -230,8 +230,14 @@ class TrajectoryBus:
 
     @classmethod
     def from_url(cls, url: str, config: BusConfig) -> TrajectoryBus:
-        # No socket timeout: XREADGROUP BLOCK holds the connection open by design.
-        return cls(connect(url, decode_responses=False, health_check_interval=10), config)
+        client = connect(
+            url,
+            decode_responses=False,
+            health_check_interval=10,
+            socket_timeout_s=config.socket_timeout_s,
+            tcp_timeout_s=config.tcp_timeout_s,
+        )
+        return cls(client, config)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -346,8 +352,7 @@ class TrajectoryBus:
         if len(out) < batch_size:
             out += await self._reclaim(batch_size - len(out))
         if len(out) < batch_size:
-            block_ms = None if not block or out else max(1, int(block * 1000))
-            out += await self._read_new(batch_size - len(out), block_ms)
+            out += await self._read_new(batch_size - len(out), None if out else block)
         DELIVERED.inc(len(out))
         return out
 
@@ -391,15 +396,24 @@ class TrajectoryBus:
             log.info("reclaimed idle entries", extra={"count": len(claimed)})
         return await self._accept(claimed, redelivered=True)
 
-    async def _read_new(self, count: int, block_ms: int | None) -> list[Delivery]:
-        resp = await self._retrying(
-            "read",
-            lambda: self.redis.xreadgroup(
-                self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
-            ),
-        )
-        entries = resp[0][1] if resp else []
-        return await self._accept(entries, redelivered=False)
+    async def _read_new(self, count: int, block: float | None) -> list[Delivery]:
+        """New entries; waits up to `block` seconds for the first. The wait is cut into
+        XREADGROUP BLOCKs of half the socket timeout: a longer one would end in the socket
+        timeout, which is what a frozen Redis looks like, and be retried as an outage."""
+        deadline = time.monotonic() + (block or 0.0)
+        slice_s = self.config.socket_timeout_s / 2
+        while True:
+            left = deadline - time.monotonic()
+            block_ms = max(1, int(min(left, slice_s) * 1000)) if block else None
+            resp = await self._retrying(
+                "read",
+                lambda ms=block_ms: self.redis.xreadgroup(  # type: ignore[misc]
+                    self.group, self.consumer, {self.stream: ">"}, count=count, block=ms
+                ),
+            )
+            entries = resp[0][1] if resp else []
+            if entries or not block or time.monotonic() >= deadline:
+                return await self._accept(entries, redelivered=False)
 
     def _held_entry_ids(self) -> set[str]:
         return {eid for eids in self._inflight.values() for eid in eids}

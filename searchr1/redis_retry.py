@@ -6,9 +6,12 @@ server still loading its AOF after a restart) is retried with exponential backof
 until a total deadline (`bus.reconnect_timeout_s`), then `RedisUnavailable` is raised with the
 last error as its cause: a blip is waited out, an outage is an error, never swallowed. Other
 errors (a wrong command, a script error) are raised at once. A frozen Redis (SIGSTOP: a long
-fork, a stalled VM) accepts connections and answers nothing: redis-py's 5 s socket timeout ends
-each try, so a process started or restarted meanwhile waits for it like any other outage,
-rather than exiting before it is ready (issue 46).
+fork, a stalled VM) accepts connections and answers nothing, and a silent network cut answers
+nothing either: the socket timeout (`bus.socket_timeout_s`, 5 s) ends each try, so a process
+started or restarted meanwhile waits for it like any other outage, rather than exiting before
+it is ready (issue 46). A call thus returns or fails within `reconnect_timeout_s` plus one
+try; connections also carry TCP keepalive and TCP_USER_TIMEOUT (`bus.tcp_timeout_s`,
+`searchr1.sockets`), so the kernel drops one that a cut left dead.
 
 Retries are counted in `searchr1_redis_retries_total{component,op}` and logged once per outage
 (when the first call starts retrying, and again when Redis answers), not once per attempt.
@@ -40,6 +43,8 @@ from tenacity import (
     stop_before_delay,
     wait_exponential_jitter,
 )
+
+from searchr1.sockets import keepalive_options
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,20 +98,32 @@ class CancellableRedis(aioredis.Redis):
 
 
 def connect(
-    url: str, *, max_connections: int = 256, pool_timeout_s: float = 30.0, **kwargs: object
+    url: str,
+    *,
+    max_connections: int = 256,
+    pool_timeout_s: float = 30.0,
+    socket_timeout_s: float = 5.0,
+    tcp_timeout_s: float = 30.0,
+    **kwargs: object,
 ) -> aioredis.Redis:
     """An asyncio client whose own retries are off: `RedisRetry` is the only policy, so a
     deadline means what it says (redis-py's default retries would add their own waits).
 
-    Its pool makes a call wait (up to `pool_timeout_s`) for a free connection when
-    `max_connections` are in use: redis-py's default pool raised MaxConnectionsError at once,
-    which `RedisRetry` took for an outage under mere load."""
+    Every reply is due within `socket_timeout_s` (a command that blocks on purpose must block
+    for less: `TrajectoryBus` slices its XREADGROUP BLOCK); `tcp_timeout_s` bounds a silent
+    peer at the TCP level (`searchr1.sockets`). Its pool makes a call wait (up to
+    `pool_timeout_s`) for a free connection when `max_connections` are in use: redis-py's
+    default pool raised MaxConnectionsError at once, which `RedisRetry` took for an outage
+    under mere load."""
     kwargs.setdefault("socket_connect_timeout", 2.0)
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=pool_timeout_s,
         retry=Retry(NoBackoff(), 0),
+        socket_timeout=socket_timeout_s,
+        socket_keepalive=True,
+        socket_keepalive_options=keepalive_options(tcp_timeout_s),
         **kwargs,
     )
     return CancellableRedis.from_pool(pool)

@@ -99,6 +99,22 @@ class BusConfig(Section):
         "start-up too) retries while Redis is unreachable (down, restarting, frozen), and "
         "raises after this long.",
     )
+    socket_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Each Redis reply is due within this long (redis-py's own default, set "
+        "here explicitly): a frozen or cut-off Redis ends the try, which is retried until "
+        "reconnect_timeout_s. A blocking read (the trainer's XREADGROUP BLOCK) waits in slices "
+        "of half this, so no wait for new entries looks like an outage.",
+    )
+    tcp_timeout_s: float = Field(
+        default=30.0,
+        ge=1,
+        description="A Redis connection whose peer stops answering at the TCP level (a silent "
+        "network cut) is closed by the kernel after this long: keepalive probes on an idle "
+        "connection, TCP_USER_TIMEOUT on unacknowledged data (Linux). Well above a GC pause; "
+        "see docs/reliability.md, bounded waits.",
+    )
     backpressure_poll_s: float = Field(default=0.05, gt=0)
     max_deliveries: int = Field(
         default=5,
