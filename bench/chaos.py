@@ -40,16 +40,24 @@ meanwhile.
 
 A fault is injected at a seeded random point of the step after the previous one recovered (its
 service is ready again and the trainer finished a step after it: its `metrics_jsonl` line).
+`--concurrent K` (issue 46) runs up to K at once, each on a thread of its own from injection to
+recovery (harness/chaos_schedule.py): a fault starts at a seeded random point of the step after
+a slot frees, on services no running fault touches (an engine freeze during a Redis restart
+during a trainer takeover, never two faults on Redis at once); `concurrent_max` says how many
+ran at once.
 recover_s is measured from the end of the injected condition (the kill; the outage's or pause's
 end; the refusal); a fault the run finished during recovers in 0 s. The run's steps default to
 room for the schedule (`default_steps`: 4 per fault + 6, more for the faults the run goes on
-through); faults it could not inject are named with the reason (a line `not injected: ...`), and
-an exit 1 prints each reason (`FAILED: ...`) before the summary line. stalled_s_max is the
-longest time without a finished trainer step. The ledger (harness/chaos_ledger.py): every
-trajectory id published on the bus against the steps that made the final model; lost = published
-and not trained, duplicated = trained in two steps. Held-out EM of both runs' final models. The
-kinds and their injection live in harness/chaos_faults.py, the supervised stack and its monitor
-in harness/chaos_stack.py.
+through, fewer with --concurrent); faults it could not inject are named with the reason (a line
+`not injected: ...`), and an exit 1 prints each reason (`FAILED: ...`) before the summary line.
+stalled_s_max is the longest time without a finished trainer step. The ledger
+(harness/chaos_ledger.py) is kept by nothing in the loop: every trajectory id added to the bus
+stream, seen by a tap on Redis itself (harness/chaos_tap.py: MONITOR, counted against XINFO's
+entries-added, `unseen` = added and never identified), against the receipts in the trainer's
+checkpoints that made the final model; lost = published and not trained, duplicated = trained
+twice, unpublished = trained and never seen on the stream; each of them, and unseen, fails the
+bench. Held-out EM of both runs' final models. The kinds and their injection live in
+harness/chaos_faults.py, the supervised stack and its monitor in harness/chaos_stack.py.
 Run from the repository root:
 
     OMP_NUM_THREADS=1 .venv/bin/python -P bench/chaos.py [--faults 20] [--quick] [--out DIR]
@@ -57,6 +65,7 @@ Run from the repository root:
                                                          [--dynamic-sampling]
                                                          [--no-baseline]
                                                          [--hosts loopback|netns]
+                                                         [--concurrent 1]
 
 `--dynamic-sampling` runs both with over-sampling and the reward_std group filter (docs/
 orchestrator.md, "Dynamic sampling"): filtered groups are never published, so never lost.
@@ -75,6 +84,7 @@ import shutil
 import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +109,9 @@ from harness.chaos_faults import (
 from harness.chaos_hosts import HostedStack
 from harness.chaos_ledger import LedgerResult, read_steps, settle, split_brain_steps
 from harness.chaos_proxy import FaultyProxy
+from harness.chaos_schedule import FaultScheduler
 from harness.chaos_stack import Monitor, Stack
+from harness.chaos_tap import StreamTap
 from harness.link_proxy import LinkProxy
 from harness.netns import missing as netns_missing
 from harness.small_disk import SmallDisk
@@ -135,13 +147,15 @@ class ChaosConfig:
     run_timeout_s: float = 3600.0
     stall_timeout_s: float = 300.0
     hosts: str = "loopback"  # or "netns": every service on a host of its own (module docstring)
+    concurrent: int = 1  # faults at once, at most
 
     @property
     def steps(self) -> int:
         """`max_steps`, else room for the schedule (`default_steps`)."""
         if self.max_steps:
             return self.max_steps
-        return default_steps(fault_kinds(self, random.Random(self.seed)), self.freeze_s)
+        kinds = fault_kinds(self, random.Random(self.seed))
+        return default_steps(kinds, self.freeze_s, self.concurrent)
 
 
 @dataclass
@@ -156,6 +170,7 @@ class RunResult:
     split_brain: int = 0
     not_injected: list[str] = field(default_factory=list)  # the schedule's kinds left over
     not_injected_reason: str = ""
+    concurrent_max: int = 0  # the most faults that ran at once
 
 
 # Faults the run goes on through while they last (slower, or without checkpoints): each spends
@@ -166,13 +181,16 @@ STEPS_PER_FAULT = 4  # the step it lands in, the step that shows recovery, and t
 STEP_S_GUESS = 5.0  # a step on 2 cores under faults (the full demo: 86 steps, 20 faults, 736 s)
 
 
-def default_steps(kinds: list[str], freeze_s: tuple[float, float]) -> int:
+def default_steps(kinds: list[str], freeze_s: tuple[float, float], concurrent: int = 1) -> int:
     """Steps enough for `kinds`, one at a time: 4 per fault and 6 more, plus the steps a fault
-    the run goes on through spends while it lasts (its mean duration at STEP_S_GUESS)."""
+    the run goes on through spends while it lasts (its mean duration at STEP_S_GUESS). With K
+    at once, 2/(K+1) of that: faults overlap only in part (one per service, a slot frees only
+    at a recovery), so K times fewer would run out."""
     lasting = math.ceil(statistics.fmean(freeze_s) / STEP_S_GUESS)
-    return 6 + sum(
+    one_at_a_time = sum(
         STEPS_PER_FAULT + (lasting if kind.startswith(RUN_GOES_ON) else 0) for kind in kinds
     )
+    return 6 + math.ceil(2 * one_at_a_time / (concurrent + 1))
 
 
 def settle_recovery(fault: Fault) -> bool:
@@ -334,12 +352,58 @@ def run_once(
     stack_path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(stack_path, data, redis_server, hosts)
     jsonl = Path(data["trainer"]["metrics_jsonl"])
-    monitor = Monitor(redis_server.url, stack.cfg.bus.stream, jsonl)
+    monitor = Monitor(redis_server.url, stack.cfg.bus.stream, jsonl, where["checkpoint"])
+    tap = StreamTap(redis_server.url, stack.cfg.bus.stream)
     injected: list[Fault] = []
+    lock = threading.Lock()
+    # One generator per fault, drawn in schedule order: its gap and duration do not depend on
+    # which of the overlapping faults' threads draws first.
+    rngs = [random.Random(rng.getrandbits(64)) for _ in schedule]
+
+    def stop_reason() -> str | None:
+        # A fault needs a later step to show recovery: none in the last step.
+        if not stack.done and monitor.steps_done < cfg.steps - 1:
+            return None
+        return not_injected_reason(
+            done=stack.done,
+            error=repr(stack.error) if stack.error else "",
+            steps_done=monitor.steps_done,
+            steps=cfg.steps,
+            injected=len(scheduler.slots),
+            faults=len(schedule),
+        )
+
+    def run_fault(index: int, kind: str) -> None:
+        trainer = stack.trainer_holding(monitor.holder_pid()) if hosts else "trainer"
+        step = monitor.steps_done
+        fault, service, pid = inject(
+            kind, stack, proxies, rngs[index], cfg.freeze_s, links, disks, hosts, trainer
+        )
+        with lock:
+            injected.append(fault)
+        on = f" ({trainer})" if hosts and "trainer" in kind else ""
+        name = f"fault {index + 1}: {kind}{on}"
+        print(f"{name} at step {step}", flush=True)
+        wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
+        if settle_recovery(fault):
+            print(f"  {name}: recovered in 0.0s (the run finished during the fault)", flush=True)
+        elif fault.recover_s is None:
+            print(f"  {name}: not recovered within {cfg.recover_timeout_s:.0f}s", flush=True)
+        else:
+            print(f"  {name}: recovered in {fault.recover_s:.1f}s", flush=True)
+
+    scheduler = FaultScheduler(
+        schedule,
+        cfg.concurrent,
+        run_fault,
+        stop_reason=stop_reason,
+        gap_s=lambda i: rngs[i].uniform(0.0, 1.0) * monitor.typical_step_s(),
+    )
     left: list[str] = []  # the schedule's kinds not injected, and why
     why = ""
     try:  # the hosts come down whatever happens
         try:
+            tap.start()  # before Redis: it connects as soon as Redis answers
             stack.thread.start()
             monitor.start()
             deadline = time.monotonic() + cfg.run_timeout_s
@@ -347,38 +411,9 @@ def run_once(
                 time.sleep(0.5)
             while monitor.steps_done < 1 and not stack.done and time.monotonic() < deadline:
                 time.sleep(0.2)
-            for kind in schedule:
-                # At a seeded random point of the next step (steps take seconds here).
-                gap_end = time.monotonic() + rng.uniform(0.0, 1.0) * monitor.typical_step_s()
-                while time.monotonic() < gap_end and not stack.done:
-                    time.sleep(0.05)
-                # A fault needs a later step to show recovery: none in the last step.
-                if stack.done or monitor.steps_done >= cfg.steps - 1:
-                    left = schedule[len(injected) :]
-                    why = not_injected_reason(
-                        done=stack.done,
-                        error=repr(stack.error) if stack.error else "",
-                        steps_done=monitor.steps_done,
-                        steps=cfg.steps,
-                        injected=len(injected),
-                        faults=len(schedule),
-                    )
-                    print(f"not injected: {', '.join(left)}: {why}", flush=True)
-                    break
-                trainer = stack.trainer_holding(monitor.holder_pid()) if hosts else "trainer"
-                fault, service, pid = inject(
-                    kind, stack, proxies, rng, cfg.freeze_s, links, disks, hosts, trainer
-                )
-                injected.append(fault)
-                on = f" ({trainer})" if hosts and "trainer" in kind else ""
-                print(f"fault {len(injected)}: {kind}{on} at step {monitor.steps_done}", flush=True)
-                wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
-                if settle_recovery(fault):
-                    print("  recovered in 0.0s (the run finished during the fault)", flush=True)
-                elif fault.recover_s is None:
-                    print(f"  not recovered within {cfg.recover_timeout_s:.0f}s", flush=True)
-                else:
-                    print(f"  recovered in {fault.recover_s:.1f}s", flush=True)
+            left, why = scheduler.run()
+            if left:
+                print(f"not injected: {', '.join(left)}: {why}", flush=True)
             while not stack.done and time.monotonic() < deadline:
                 last = max([stack.ready_at or 0.0, *monitor.step_times[-1:]])
                 if time.monotonic() - last > cfg.stall_timeout_s:  # a hang: stop and report it
@@ -389,11 +424,13 @@ def run_once(
             stack.stop()
             monitor.stop_event.set()
             monitor.join(5)
-        monitor.poll()  # the last lines
-        ledger = read_ledger(stack, redis_server, jsonl, data)
+            tap.stop()
+        monitor.poll()  # the last lines and the final checkpoint
+        ledger = read_ledger(stack, redis_server, tap, monitor, jsonl)
     finally:
         if hosts is not None:
             hosts.down()
+    injected.sort(key=lambda f: f.injected_at)
     times = [stack.ready_at or 0.0, *monitor.step_times]
     stalled = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
     split = split_brain_steps(read_steps(jsonl), monitor.holders)
@@ -420,34 +457,37 @@ def run_once(
         split_brain=len(split),
         not_injected=left,
         not_injected_reason=why,
+        concurrent_max=scheduler.peak,
     )
 
 
 def read_ledger(
-    stack: Stack, server: RedisServer, jsonl: Path, data: dict[str, Any]
+    stack: Stack, server: RedisServer, tap: StreamTap, monitor: Monitor, jsonl: Path
 ) -> LedgerResult:
-    """Settle from Redis's final state: restarted from its AOF (the stack stopped it)."""
-    stream = stack.cfg.bus.stream
-    prefix = f"searchr1:orchestrator:{data['run']['id']}"
+    """Settle from Redis's final state (restarted from its AOF: the stack stopped it): the
+    tap's last count, the dead letters; the checkpoints as the monitor read them."""
     server.start()
     try:
-        client = redis.Redis.from_url(server.url, decode_responses=True)
-        groups = client.smembers(f"{prefix}:published")
-        published = {f"{g}/{i}" for g in groups for i in range(data["run"]["group_size"])}
-        acked = set(client.zrange(f"{stream}:done", 0, -1))
-        client.close()
         # Stream and dead-letter entries hold binary protobuf payloads: read them undecoded.
         raw = redis.Redis.from_url(server.url)
+        tap.reconcile(raw)
         dead = {
             f.get(b"tid", b"").decode(): f.get(b"reason", b"?").decode()
-            for _, f in raw.xrange(f"{stream}:dead")  # type: ignore[union-attr]
+            for _, f in raw.xrange(f"{stack.cfg.bus.stream}:dead")  # type: ignore[union-attr]
         }
-        entries = raw.xrange(stream)  # type: ignore[union-attr]
-        pending = {f[b"tid"].decode() for _, f in entries if b"tid" in f}
         raw.close()
     finally:
         server.stop()
-    return settle(published | pending, read_steps(jsonl), acked=acked, dead=dead)
+    if tap.forgotten:
+        print(f"redis forgot {tap.forgotten} stream entries it had added", flush=True)
+    assert monitor.checkpoints is not None
+    return settle(
+        tap.published,
+        monitor.checkpoints.records,
+        logged=read_steps(jsonl),
+        dead=dead,
+        unseen=tap.unseen,
+    )
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -481,6 +521,13 @@ def failures(cfg: ChaosConfig, chaos: RunResult) -> list[str]:
         why.append(f"lost {len(led.lost)} trajectories (published, never trained)")
     if led.duplicated:
         why.append(f"duplicated {len(led.duplicated)} trajectories (trained in two steps)")
+    if led.unpublished:
+        why.append(
+            f"{len(led.unpublished)} trajectories trained that the tap never saw published "
+            f"(first: {led.unpublished[:3]})"
+        )
+    if led.unseen:
+        why.append(f"the tap could not identify {led.unseen} stream entries (the ledger is short)")
     if led.steps != cfg.steps:
         why.append(f"{led.steps} of {cfg.steps} steps trained")
     if chaos.split_brain:
@@ -507,7 +554,8 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult | None) -> tuple[
         print(f"  not injected: {', '.join(chaos.not_injected)}: {chaos.not_injected_reason}")
     print(
         f"published={led.published} trained={led.trained} dead={len(led.dead)} "
-        f"unlogged={len(led.unlogged)} rewinds={led.rewinds} restarts={chaos.restarts} "
+        f"unpublished={len(led.unpublished)} unlogged={len(led.unlogged)} "
+        f"rewinds={led.rewinds} restarts={chaos.restarts} "
         f"finished={chaos.finished} error={chaos.error or '-'} no_faults: {no_faults}"
     )
     if led.lost:
@@ -515,8 +563,9 @@ def report(cfg: ChaosConfig, chaos: RunResult, base: RunResult | None) -> tuple[
     ok = not failures(cfg, chaos)
     line = (
         f"faults={len(chaos.faults)} kinds={len({f.kind for f in chaos.faults})} "
+        f"concurrent_max={chaos.concurrent_max} "
         f"recovered={len(recovered)} lost={len(led.lost)} "
-        f"duplicated={len(led.duplicated)} split_brain={chaos.split_brain} "
+        f"duplicated={len(led.duplicated)} split_brain={chaos.split_brain} unseen={led.unseen} "
         f"stalled_s_max={chaos.stalled_s_max:.1f} "
         f"recover_p50_s={percentile(rec_s, 50):.1f} recover_p99_s={percentile(rec_s, 99):.1f} "
         f"steps={led.steps} em_after={chaos.em_after:.3f} "
@@ -581,7 +630,15 @@ def main() -> int:
         help="netns: every service on a host of its own, with a standby trainer and the cut:* "
         "kinds (needs root, iproute2 and nftables)",
     )
+    ap.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="up to this many faults at once, never two on one service (issue 46)",
+    )
     args = ap.parse_args()
+    if args.concurrent < 1:
+        ap.error(f"--concurrent: at least 1 fault at a time, got {args.concurrent}")
     kinds = tuple(k for k in args.kinds.split(",") if k)
     for k in kinds:
         if k not in KINDS + CLUSTER_KINDS:
@@ -611,6 +668,7 @@ def main() -> int:
         max_staleness=args.async_staleness,
         freeze_s=(lo, hi),
         hosts=args.hosts,
+        concurrent=args.concurrent,
     )
     import logging
 

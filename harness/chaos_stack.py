@@ -2,7 +2,8 @@
 
 `Stack` runs Redis and the services (on hosts of their own with `harness/chaos_hosts.py`) under
 `searchr1.supervisor` on a thread, so faults are injected from outside; `Monitor` polls the
-trainer's step lines, the bus stream (published ids) and the trainer lease's holder.
+trainer's step lines, its checkpoints (`CheckpointWatch`: the ledger's trained ids) and the
+trainer lease's holder. The published ids come from the tap (`harness/chaos_tap.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import redis
 
 from harness.chaos_hosts import HostedStack
+from harness.chaos_ledger import CheckpointWatch
 from searchr1.redis_server import RedisServer
 from searchr1.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from stack.config import load_config
@@ -29,24 +31,25 @@ from trainer.wiring import trainer_lease_key
 
 
 class Monitor(threading.Thread):
-    """Polls the trainer's step lines, the bus stream (published ids) and the trainer lease's
-    holder until stopped."""
+    """Polls the trainer's step lines, its checkpoints and the trainer lease's holder until
+    stopped."""
 
-    def __init__(self, redis_url: str, stream: str, metrics_jsonl: Path) -> None:
+    def __init__(
+        self, redis_url: str, stream: str, metrics_jsonl: Path, checkpoint_dir: Path | None = None
+    ) -> None:
+        """`checkpoint_dir`: the trainer's, for the ledger's trained ids (None: not read)."""
         super().__init__(daemon=True, name="chaos-monitor")
         self.client = redis.Redis.from_url(
             redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
         )
-        self.stream = stream
         self.jsonl = metrics_jsonl
-        self.published: set[str] = set()
+        self.checkpoints = CheckpointWatch(checkpoint_dir) if checkpoint_dir else None
         self.step_times: list[float] = []  # when each step line appeared (monotonic)
         self.steps_done = 0  # the highest step number logged
         self.lease_key = trainer_lease_key(stream)
         self.holders: list[tuple[float, str | None]] = []  # (Unix time, "host:pid" or None)
         self.stop_event = threading.Event()
         self._offset = 0
-        self._last_id = "-"
 
     def run(self) -> None:
         while not self.stop_event.wait(0.25):
@@ -63,16 +66,13 @@ class Monitor(threading.Thread):
                 with contextlib.suppress(ValueError):
                     self.steps_done = max(self.steps_done, int(json.loads(line)["step"]))
                     self.step_times.append(time.monotonic())
+        if self.checkpoints is not None:
+            self.checkpoints.poll()
         with contextlib.suppress(redis.RedisError):  # Redis down (a fault): read it next time
             raw = self.client.get(self.lease_key)
             holder = json.loads(raw) if raw else None
             who = f"{holder['host']}:{holder['pid']}" if holder else None
             self.holders.append((time.time(), who))
-            start = "-" if self._last_id == "-" else f"({self._last_id}"
-            for entry_id, fields in self.client.xrange(self.stream, start, "+", count=2000):
-                self._last_id = entry_id.decode()
-                if b"tid" in fields:
-                    self.published.add(fields[b"tid"].decode())
 
     def typical_step_s(self) -> float:
         gaps = [b - a for a, b in itertools.pairwise(self.step_times)]

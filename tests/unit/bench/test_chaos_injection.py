@@ -92,3 +92,28 @@ def test_a_failed_run_says_why_and_a_good_one_has_nothing_to_say() -> None:
     for words in ("not recovered: freeze:redis", "lost 1", "5 of 10 steps", "split_brain 1",
                   "stack stopped: ChildFailed('trainer')"):  # fmt: skip
         assert words in why, why
+
+
+def test_the_independent_ledger_fails_a_run_it_cannot_vouch_for() -> None:
+    """Issue 46: trained ids the tap never saw published, or stream entries it could not name,
+    fail the run: the ledger is short, whatever lost says."""
+    cfg = ChaosConfig(out_dir=Path("unused"), faults=1, max_steps=10)
+    bad = result([Fault("kill:trainer", 1.0, 1.0, 3.0)])
+    bad.ledger.unpublished.append("g/1")
+    bad.ledger.unseen = 2
+    why = " | ".join(failures(cfg, bad))
+    assert "1 trajectories trained that the tap never saw published" in why, why
+    assert "could not identify 2 stream entries" in why, why
+    line, ok = report(cfg, bad, None)
+    assert not ok and "unseen=2" in line.split()
+
+
+def test_concurrent_faults_need_fewer_steps_and_the_line_says_how_many_overlapped() -> None:
+    kinds = ["kill:trainer", "freeze:redis", "pause:inference", "slow_link:retriever"] * 5
+    one = default_steps(kinds, FREEZE)
+    assert default_steps(kinds, FREEZE, 1) == one
+    assert default_steps(kinds, FREEZE, 3) == 6 + -(-2 * (one - 6) // 4)  # half the fault steps
+    cfg = ChaosConfig(out_dir=Path("unused"), faults=20, kinds=tuple(kinds[:4]), concurrent=3)
+    assert cfg.steps == default_steps(kinds, FREEZE, 3)
+    line, _ = report(cfg, result([], concurrent_max=3), None)
+    assert "concurrent_max=3" in line.split()
