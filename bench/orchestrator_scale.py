@@ -1,10 +1,11 @@
 """How many samples one orchestrator process keeps in flight, at what CPU cost per turn.
 
 Real `searchr1 orchestrator run` processes (sharing one run through Redis claims) against a
-simulated engine and retriever (`bench/sim_services.py`: separate processes, the real HTTP
-protocols, latency models) and a real Redis with the bus; a drainer in this process consumes
-and acks like a trainer. Sampled every 0.5 s: each orchestrator's CPU time (/proc), the
-engine's served turns and requests in flight, the retriever's in flight, trajectories drained.
+simulated engine and retriever (`harness.sim`: separate processes, the real HTTP protocols,
+the shared cost model set to a fixed per-request and per-engine decode rate) and a real Redis
+with the bus; a drainer in this process consumes and acks like a trainer. Sampled every 0.5 s:
+each orchestrator's CPU time (/proc), the engine's served turns and requests in flight, the
+retriever's in flight, trajectories drained.
 
 The recipe is the original Search-R1's (512 prompts x 5 samples per step, up to 4 search rounds
 plus the answer turn, observations cut at 500 tokens). `--profile` runs the first orchestrator
@@ -177,13 +178,13 @@ async def sample(
                     cpu.append(t.user + t.system)
                 except psutil.NoSuchProcess:
                     cpu.append(out[-1]["cpu"][len(cpu)] if out else 0.0)
-            engine = (await http.get(f"{urls['engine']}/stats")).json()
-            retr = (await http.get(f"{urls['retriever']}/stats")).json()
+            engine = (await http.get(f"{urls['engine']}/sim/stats")).json()
+            retr = (await http.get(f"{urls['retriever']}/sim/stats")).json()
             if profiled is not None and profiled.poll() is None and engine["served"]:
                 # Profile from the first served turn until fewer than half the peak are in
                 # flight (the step's tail, then the exit): the sustained part.
                 peak = max((x["in_flight"] for x in out), default=0)
-                busy = engine["active"] + retr["active"] >= peak / 2
+                busy = engine["in_flight"] + retr["active"] >= peak / 2
                 if not out or not out[-1]["turns"]:
                     profiled.send_signal(signal.SIGUSR1)
                 elif not busy and out[-1]["in_flight"] >= peak / 2:
@@ -193,7 +194,7 @@ async def sample(
                     "t": time.monotonic(),
                     "cpu": cpu,
                     "turns": engine["served"],
-                    "in_flight": engine["active"] + retr["active"],
+                    "in_flight": engine["in_flight"] + retr["active"],
                     "drained": drained[0],
                 }
             )
@@ -261,32 +262,26 @@ def main() -> None:
         ports = {"engine": free_port(), "retriever": free_port()}
         urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()} | {"redis": redis.url}
         sims = []
+        # A request alone decodes at decode_tok_s, an engine's batch at most at engine_tok_s;
+        # prefill and KV reads free, no batch or memory limit: only the orchestrator is loaded.
+        cost = {
+            "step_fixed_s": 1 / args.decode_tok_s,
+            "step_per_seq_s": 1 / args.engine_tok_s,
+            "step_per_kv_token_s": 0.0,
+            "prefill_tokens_per_s": 1e15,
+            "max_running": 10**9,
+            "kv_tokens": 10**15,
+        }
+        workload = {"p_search": args.p_search, "turn_median_tokens": args.turn_tokens,
+                    "turn_sigma": 0.0}  # fmt: skip
         for kind, extra in (
-            (
-                "engine",
-                [
-                    "--model",
-                    str(model),
-                    "--engines",
-                    str(args.engines),
-                    "--decode-tok-s",
-                    str(args.decode_tok_s),
-                    "--engine-tok-s",
-                    str(args.engine_tok_s),
-                    "--turn-tokens",
-                    str(args.turn_tokens),
-                    "--p-search",
-                    str(args.p_search),
-                ],
-            ),
-            ("retriever", ["--median-ms", str(args.search_median_ms)]),
-        ):
+            ("engine", ["--model", str(model), "--engines", str(args.engines),
+                        "--cost", json.dumps(cost), "--workload", json.dumps(workload)]),
+            ("retriever", ["--p50-ms", str(args.search_median_ms)]),
+        ):  # fmt: skip
             log = tmp / f"{kind}.log"
-            sims.append(
-                start(
-                    [py, "-m", "bench.sim_services", kind, "--port", str(ports[kind]), *extra], log
-                )
-            )
+            cmd = [py, "-m", f"harness.sim.{kind}", "--port", str(ports[kind]), *extra]
+            sims.append(start(cmd, log))
             procs.append(sims[-1])
             wait_http(f"{urls[kind]}/health", sims[-1], log)
         orchs = []

@@ -2,12 +2,17 @@
 
 Real `searchr1 orchestrator run` process(es), the real bus (Redis, streams of this run's own)
 and the real trainer (`searchr1 trainer run`: `TrainingLoop`, the GRPO core, the weight push
-protocol) against simulated hardware that is separate as on a cluster: engines on their own
-GPUs (`harness.sim_engine`: continuous batching, prefill, KV and batch limits, prefix-cache
-hits, the pause of a push), a retriever with our measured latency curve
-(`harness.sim_retriever`), and a trainer backend that sleeps for its tokens at the measured
-H100 rate (`harness.sim_trainer`). The cost model and its sources: `harness/sim_cost.py` and
-docs/scale.md ("The pipeline bench").
+protocol) against simulated hardware that is separate as on a cluster (`harness.sim`): engines
+on their own GPUs (`harness.sim.engine`: continuous batching, prefill, KV and batch limits, a
+prefix cache per engine whose hits follow `--routing`, the pause of a push), a retriever with
+our measured latency curve (`harness.sim.retriever`), and a trainer backend that sleeps for its
+tokens at the measured H100 rate (`harness.sim.trainer`). The cost model and its sources:
+`harness/sim/cost.py` and docs/scale.md ("The pipeline bench").
+
+`--shape areal` is AReaL's published setting (arXiv 2505.24298 and inclusionAI/AReaL; every
+number's source in `AREAL` below and docs/benchmarks.md), at 1/16 of its 128 GPUs with the
+same load per GPU: colocated sync and async (staleness 4) alternate `--repeats` times, and the
+last line holds their ratio beside AReaL's 2.77.
 
 Time is scaled: the simulated hardware runs `--time-scale` simulated seconds per real second,
 and every time reported is simulated (real seconds x scale). What is not simulated (the
@@ -16,6 +21,7 @@ factor, so the scale is kept low enough that those stay a few percent of a step 
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python -m bench.pipeline --quick
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python -m bench.pipeline --shape original8
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python -m bench.pipeline --shape areal
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -41,6 +48,8 @@ import psutil
 import yaml
 
 from bench.pipeline_model import (
+    AREAL,
+    AREAL_RATIO,
     ModeResult,
     Shape,
     bounds,
@@ -51,8 +60,8 @@ from bench.pipeline_model import (
     summarize,
 )
 from harness.child_process import wait_http
-from harness.sim_cost import EngineCost, Workload
-from harness.sim_trainer import MEASURED_TOKENS_PER_S
+from harness.sim.cost import EngineCost
+from harness.sim.engine import ROUTINGS
 
 
 def free_ports(low: int = 39100, high: int = 39500) -> Iterator[int]:
@@ -84,6 +93,7 @@ SHAPES = {
     # For the test that keeps this bench running: a few samples on 2 GPUs.
     "tiny": Shape("tiny", 4, 2, gpus=2, semantics="slime", max_turns=2, turn_tokens=512,
                   response_tokens=4096, obs_tokens=None, time_scale=2.0),
+    "areal": AREAL,
 }  # fmt: skip
 MODES = {
     "sync": ("sync", 0),
@@ -121,7 +131,7 @@ def write_inputs(tmp: Path, rows: int) -> tuple[Path, Path, int, int]:
     in its tokens."""
     from transformers import AutoTokenizer
 
-    from harness.sim_retriever import DOC_TEXT
+    from harness.sim.retriever import DOC_TEXT
     from inference.tiny_model import make_tiny_model
     from orchestrator.observation import format_docs, observation_text
     from orchestrator.prompt import make_row, prompt_token_ids
@@ -196,7 +206,7 @@ def configs(
     trainer = {
         **shared,
         "trainer": {
-            "backend": "harness.sim_trainer:load_sleeping_backend",
+            "backend": "harness.sim.trainer:load_sleeping_backend",
             "model": {"path": str(paths["model"]), "device": "cpu"},
             "http": {"port": next(PORTS)},
             "batch": {"consume_block_s": 0.05, "max_tokens_per_microbatch": 16384},
@@ -226,7 +236,8 @@ def run_mode(
     tcfg.write_text(yaml.safe_dump(trainer_cfg))
     ocfg.write_text(yaml.safe_dump(orch_cfg))
     jsonl = Path(trainer_cfg["trainer"]["metrics_jsonl"])
-    cost = json.dumps({"gpus": split[1], "time_scale": scale})
+    cost = json.dumps({"gpus": split[1], "time_scale": scale, "token_unit": shape.token_unit,
+                       "tokens_per_s_per_gpu": shape.trainer_tok_s})  # fmt: skip
     log = tmp / f"{shape.name}-{mode}-trainer.log"
     procs = [
         start([py, "-m", "stack.cli", "trainer", "run", "--config", str(tcfg)], log,
@@ -265,7 +276,7 @@ def run_mode(
     finally:
         stop(procs)
         forget(args.redis_url, orch_cfg["run"]["id"])
-    result = summarize(mode, snaps, args.warmup, split, scale)
+    result = summarize(mode, snaps, args.warmup, split, scale, shape.token_unit)
     result.search_s = retriever["latency_s"] / max(retriever["served"], 1)
     lines = (tmp / f"{shape.name}-{mode}-orch-0.log").read_text().splitlines()
     for k, v in rollout_steps(lines, args.warmup, scale).items():
@@ -298,18 +309,19 @@ def cpu_seconds(ps: list[psutil.Process], seen: dict[int, float]) -> float:
 
 
 def start_sims(
-    shape: Shape, engines: int, scale: float, cost: EngineCost, args: argparse.Namespace,
-    paths: dict[str, Path],
-) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:  # fmt: skip
+    shape: Shape, engines: int, scale: float, args: argparse.Namespace, paths: dict[str, Path]
+) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:
     tmp, py = paths["tmp"], sys.executable
     ports = {"engine": next(PORTS), "retriever": next(PORTS)}
     urls = {k: f"http://127.0.0.1:{v}" for k, v in ports.items()}
     logs = {k: tmp / f"{shape.name}-{engines}-{k}.log" for k in ports}
     sims = [
-        start([py, "-m", "harness.sim_engine", "--port", str(ports["engine"]), "--model",
+        start([py, "-m", "harness.sim.engine", "--port", str(ports["engine"]), "--model",
                str(paths["model"]), "--engines", str(engines), "--time-scale", str(scale),
-               "--cost", json.dumps(asdict(cost)), "--routing", args.routing], logs["engine"]),
-        start([py, "-m", "harness.sim_retriever", "--port", str(ports["retriever"]),
+               "--cost", json.dumps(asdict(engine_cost(shape, args))),
+               "--workload", json.dumps(asdict(shape.workload)), "--routing", args.routing],
+              logs["engine"]),
+        start([py, "-m", "harness.sim.retriever", "--port", str(ports["retriever"]),
                "--time-scale", str(scale), "--replicas", str(args.retriever_replicas)],
               logs["retriever"]),
     ]  # fmt: skip
@@ -322,60 +334,76 @@ def start_sims(
     return sims, urls
 
 
+def engine_cost(shape: Shape, args: argparse.Namespace) -> EngineCost:
+    if args.prefix_cache_tokens is None:
+        return shape.engine
+    return replace(shape.engine, prefix_cache_tokens=args.prefix_cache_tokens)
+
+
 def run_shape(
     shape: Shape, args: argparse.Namespace, paths: dict[str, Path], prompt_tokens: int,
     obs_tokens: int,
 ) -> tuple[dict[str, ModeResult], float]:  # fmt: skip
-    """Every mode of `args.modes` on `shape`; also the least ideal bound over all splits."""
-    workload = Workload()
-    work = expected_sample(shape, workload, prompt_tokens, obs_tokens)
-    # Default: the cache on and calls routed by affinity, as SGLang and our stack run by
-    # default, at the measured hit rates; --prefix-hit 0 models no cache.
-    hit = work.prefix_hit if args.prefix_hit is None else args.prefix_hit
-    cost = EngineCost(prefix_hit=hit)
+    """Every mode of the run on `shape`, `args.repeats` times alternating (each mode's result:
+    its repeats' mean step); also the least ideal bound over all splits."""
+    work = expected_sample(shape, shape.workload, prompt_tokens, obs_tokens)
+    cost = engine_cost(shape, args)
+    # The split is planned at the hit rates measured with affinity routing (the default, as
+    # our stack routes); other routings and no cache plan without hits. The engines' own
+    # caches decide the hits measured.
+    cached = cost.prefix_cache_tokens != 0 and args.routing == "affinity"
+    hit = work.prefix_hit if cached else 0.0
     split = (
         (args.engines, shape.gpus - args.engines)
         if args.engines
-        else plan_split(shape, work, cost, MEASURED_TOKENS_PER_S)
+        else plan_split(shape, work, cost, shape.trainer_tok_s, hit)
     )
     scale = args.time_scale or shape.time_scale
-    floor = least_ideal_s(shape, work, cost, MEASURED_TOKENS_PER_S)
+    floor = least_ideal_s(shape, work, cost, shape.trainer_tok_s, hit)
     print(
         f"\n== {shape.name}: {shape.prompts} x {shape.group_size} on {shape.gpus} GPUs: "
-        f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; prefix cache serves "
-        f"{hit:.2f} of the context; expected per sample "
+        f"{split[0]} engines + {split[1]} trainer GPUs; time x{scale:g}; routing "
+        f"{args.routing}, planned prefix hit {hit:.2f}; expected per sample "
         f"{work.turns:.2f} turns, {work.generated:.0f} generated, {work.train:.0f} trained "
         f"tokens; least ideal step over all splits {floor:.2f} s"
     )
-    results: dict[str, ModeResult] = {}
+    runs: dict[str, list[ModeResult]] = {}
     sims: list[subprocess.Popen[bytes]] = []
     running: tuple[int, int] | None = None
+    modes = args.modes or list(shape.modes or DEFAULT_MODES)
     try:
-        for mode in args.modes:
-            # Colocated: every GPU rolls out, then every GPU trains (time-shared, as slime's
-            # --colocate and the original's veRL): the sync baseline at equal GPUs.
-            mode_split = (shape.gpus, shape.gpus) if mode == "colocated" else split
-            if mode_split != running:
-                stop(sims)
-                sims, urls = start_sims(shape, mode_split[0], scale, cost, args, paths)
-                running = mode_split
-            t0 = time.monotonic()
-            r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
-            r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens, shape.samples,
-                              mode_split, cost, MEASURED_TOKENS_PER_S)  # fmt: skip
-            results[mode] = r
-            print_mode(r, time.monotonic() - t0)
+        for repeat in range(args.repeats):
+            for mode in modes:
+                # Colocated: every GPU rolls out, then every GPU trains (time-shared, as
+                # slime's --colocate and the original's veRL): the sync baseline at equal GPUs.
+                mode_split = (shape.gpus, shape.gpus) if mode == "colocated" else split
+                if mode_split != running:
+                    stop(sims)
+                    sims, urls = start_sims(shape, mode_split[0], scale, args, paths)
+                    running = mode_split
+                t0 = time.monotonic()
+                r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
+                r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens,
+                                  shape.samples, mode_split, cost, shape.trainer_tok_s)  # fmt: skip
+                runs.setdefault(mode, []).append(r)
+                print_mode(r, time.monotonic() - t0, f" (repeat {repeat + 1})" * (repeat > 0))
     finally:
         stop(sims)
+    results = {
+        m: replace(rs[0], step_s=statistics.fmean(r.step_s for r in rs)) for m, rs in runs.items()
+    }
+    if args.repeats > 1:
+        for m, rs in runs.items():
+            print(f"{m}: steps " + ", ".join(f"{r.step_s:.2f}" for r in rs) + " s")
     return results, floor
 
 
-def print_mode(r: ModeResult, wall_s: float) -> None:
+def print_mode(r: ModeResult, wall_s: float, note: str = "") -> None:
     b = r.bounds
     assert b is not None
     hist = " ".join(f"{k}:{v:.0f}" for k, v in r.staleness.items())
     print(
-        f"{r.mode:7s} step {r.step_s:6.2f} s  {r.samples_per_s:7.1f} samples/s  engines busy "
+        f"{r.mode:7s} step {r.step_s:6.2f} s{note}  {r.samples_per_s:7.1f} samples/s  engines busy "
         f"{r.engine_busy:.2f} (at capacity {b.engine_s / r.step_s:.2f})  trainer busy "
         f"{r.trainer_busy:.2f} (modelled {b.trainer_s / r.step_s:.2f})  trainer waits "
         f"{r.wait_data_s:5.2f} s/step  push {r.push_s:.2f} s  staleness {{{hist}}}\n"
@@ -386,13 +414,18 @@ def print_mode(r: ModeResult, wall_s: float) -> None:
         f"CPU {r.cpu_share:.2f} cores; {wall_s:.0f} s real\n"
         f"        rollout step (orchestrator, median) {r.rollout_step_s:.2f} s: "
         f"{r.turns_mean:.2f} turns, {r.searches_mean:.2f} searches per sample, "
-        f"{r.truncation_rate:.3f} cut at a budget; search {r.search_s:.2f} s (mean)"
+        f"{r.truncation_rate:.3f} cut at a budget; search {r.search_s:.2f} s (mean); "
+        f"prefix cache served {r.prefix_hit:.3f} of the context"
     )
 
 
-def last_line(name: str, results: dict[str, ModeResult], least_ideal_s: float) -> str:
+def last_line(
+    name: str, results: dict[str, ModeResult], least_ideal_s: float,
+    reference: float | None = None,
+) -> str:  # fmt: skip
     """`efficiency`: against the ideal bound of the split run; `efficiency_any_split`:
-    against the best split's (the cluster's own limit)."""
+    against the best split's (the cluster's own limit); with a `reference` (AReaL's 2.77),
+    `ratio` (colocated over async step) beside it as `areal_ratio`."""
     sync = results.get("sync")
     asyncs = [r for m, r in results.items() if m.startswith("async")]
     best = min(asyncs, key=lambda r: r.step_s) if asyncs else sync
@@ -413,6 +446,9 @@ def last_line(name: str, results: dict[str, ModeResult], least_ideal_s: float) -
         if colocated is not None
         else ""
     )
+    extra += f" prefix_hit={best.prefix_hit:.3f}"
+    if reference is not None and colocated is not None:
+        extra += f" ratio={colocated.step_s / best.step_s:.2f} areal_ratio={reference:.2f}"
     return (
         f"sync_step_s={sync.step_s if sync else float('nan'):.2f} "
         f"async_step_s={best.step_s:.2f} speedup={speedup:.2f} "
@@ -431,7 +467,14 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--shape", nargs="+", choices=[*SHAPES, "all"], default=["slime8"])
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=DEFAULT_MODES)
+    p.add_argument(
+        "--modes", nargs="+", choices=list(MODES),
+        help=f"default: the shape's (areal: colocated async4), else {' '.join(DEFAULT_MODES)}",
+    )  # fmt: skip
+    p.add_argument(
+        "--repeats", type=int, default=None,
+        help="times the modes alternate (default 1; areal: 2), each mode's step their mean",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=8, help="trainer steps per mode")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the measurement")
     p.add_argument("--quick", action="store_true", help="slime8, 6 steps per mode (< 5 min)")
@@ -442,13 +485,17 @@ def main(argv: list[str] | None = None) -> None:
         help="engine GPUs (default: the least step with engines at ENGINE_LOAD)",
     )
     p.add_argument(
-        "--prefix-hit",
-        type=float,
+        "--prefix-cache-tokens",
+        type=int,
         default=None,
-        help="share of prefilled context served from cache (default: the shape's, at the hit "
-        "rates measured with affinity routing; 0: no cache)",
+        help="each engine's prefix cache (default: the KV pool its running requests leave; "
+        "0: no cache)",
     )
-    p.add_argument("--routing", choices=["least_loaded", "round_robin"], default="least_loaded")
+    p.add_argument(
+        "--routing", choices=ROUTINGS, default="affinity",
+        help="affinity: a sample's calls (its routing key) to one engine; least_loaded and "
+        "round_robin ignore the key (so the caches hit less)",
+    )  # fmt: skip
     p.add_argument("--retriever-replicas", type=int, default=1)
     p.add_argument("--orchestrators", type=int, default=1)
     p.add_argument(
@@ -468,6 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.shape, args.steps = ["slime8"], 6
     names = [n for n in SHAPES if n != "tiny"] if "all" in args.shape else args.shape
+    repeats = args.repeats
     tmp = Path(tempfile.mkdtemp(prefix="pipeline-"))
     rows = max(SHAPES[n].prompts + args.over_sampling for n in names) * (args.steps + 8)
     model, rows_path, prompt_tokens, obs_tokens = write_inputs(tmp, rows)
@@ -475,9 +523,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"logs and configs: {tmp}; prompt {prompt_tokens} tokens, observation {obs_tokens}")
     lines = []
     for name in names:
-        results, floor = run_shape(SHAPES[name], args, paths, prompt_tokens, obs_tokens)
+        shape = SHAPES[name]
+        args.repeats = repeats or (2 if name == "areal" else 1)
+        results, floor = run_shape(shape, args, paths, prompt_tokens, obs_tokens)
         (tmp / f"{name}.json").write_text(json.dumps({m: asdict(r) for m, r in results.items()}))
-        lines.append(last_line(name, results, floor))
+        lines.append(last_line(name, results, floor, AREAL_RATIO if name == "areal" else None))
         print(lines[-1])
     if len(lines) > 1:
         print("\n" + "\n".join(lines))

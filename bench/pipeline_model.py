@@ -4,11 +4,12 @@ engines and trainer, the ideal bound, and the summary of a measured run."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.sim_cost import EngineCost, Workload
+from harness.sim.cost import MEASURED_TOKENS_PER_S, R1_DISTILL_15B, EngineCost, Workload
 
 
 @dataclass(frozen=True)
@@ -19,14 +20,66 @@ class Shape:
     gpus: int
     semantics: str  # slime: max_turns generation calls; original: max_turns searches + answer
     max_turns: int
-    turn_tokens: int
+    turn_tokens: int  # in ids (each `engine.token_unit` real tokens)
     response_tokens: int
     obs_tokens: int | None
     time_scale: float
+    engine: EngineCost = field(default_factory=EngineCost)
+    workload: Workload = field(default_factory=Workload)
+    trainer_tok_s: float = MEASURED_TOKENS_PER_S  # per trainer GPU, real tokens
+    engine_gpus: int | None = None  # a fixed split (None: plan_split's)
+    modes: tuple[str, ...] | None = None  # the bench's default modes for this shape
+    staleness: int = 1  # the `async` mode's max staleness
 
     @property
     def samples(self) -> int:
         return self.prompts * self.group_size
+
+    @property
+    def token_unit(self) -> int:
+        return self.engine.token_unit
+
+
+# AReaL's published setting (sources: [v0.2] blog/AReaL_v0_2.md, [v0.3] blog/AReaL_v0_3.md,
+# [cfg] examples/legacy/configs/v0.2-qwen2-math/1.5B-distill/ppo-1.5B-distill-gpus-128.yaml,
+# [bench] benchmark/verl_v0_3_0_post1_76084d3/{build_cmd.py,areal_config.yaml}, all in
+# inclusionAI/AReaL at 820ca49; the paper is arXiv 2505.24298). Its 2.77x: DeepSeek-R1-Distill-
+# Qwen-1.5B on 16 nodes of 8 H800, 1,000 PPO steps in 41.0 h synchronous, 14.8 h asynchronous
+# ([v0.3] Table 2: 41.0 / 14.8 = 2.77).
+AREAL_RATIO = 2.77
+AREAL_GPUS = 16 * 8  # [v0.3] Table 2: 16 nodes; [cfg] n_gpus_per_node 8
+AREAL_PROMPTS, AREAL_GROUP = 512, 16  # [v0.2] "512 questions ... 16 responses"; [cfg], [bench]
+AREAL_MAX_NEW_TOKENS = 27648  # [cfg] ppo.gen.max_new_tokens ([v0.2]: "27K ... truncation <5%")
+AREAL_INFERENCE_SHARE = 3 / 4  # [bench] build_cmd.py: n_sglang_gpus = n_nodes * 8 // 4 * 3
+AREAL_STALENESS = 4  # [bench] areal_config.yaml max_head_offpolicyness ([v0.3]: eta <= 4)
+AREAL_MEM_FRACTION = 0.8  # [cfg], [bench] sglang.mem_fraction_static
+# Ours, not AReaL's: an id stands for 64 tokens (a 27K generation is 432 ids); lengths spread as
+# our workload's turns (log-normal sigma 0.7) with the median that cuts 5% at the budget ([v0.2]
+# reports truncation below 5%): 27,648 x exp(-1.645 x 0.7) = 8,740 tokens, mean 11,170.
+AREAL_TOKEN_UNIT = 64
+AREAL_SIGMA = 0.7
+AREAL_MEDIAN_TOKENS = AREAL_MAX_NEW_TOKENS * math.exp(-1.645 * AREAL_SIGMA)
+# The trainer: our measured 6,879 tok/s/GPU (Qwen2.5-3B, 10 x params FLOPs a token with the
+# reference model) at the same MFU for 1.78e9 parameters and 8 x params a token (AReaL's kl_ctl
+# is 0: no reference model; recompute_logprob: the old logprobs' forward). Long contexts'
+# attention FLOPs are left out: a fast bound on the trainer.
+AREAL_TRAINER_TOK_S = MEASURED_TOKENS_PER_S * (3.09e9 * 10) / (R1_DISTILL_15B.params * 8)
+# 1/16 of the cluster with the same load per GPU: 32 prompts x 16 on 8 GPUs (6 engines, 2
+# trainer GPUs) hold 512 / 6 = 85 samples per engine and 256 per trainer GPU, as 8,192 samples
+# on 96 + 32 GPUs do; a step's work per GPU, so its time, is AReaL's.
+AREAL_SCALE = 16
+AREAL = Shape(
+    "areal", AREAL_PROMPTS // AREAL_SCALE, AREAL_GROUP, gpus=AREAL_GPUS // AREAL_SCALE,
+    semantics="slime", max_turns=1, turn_tokens=AREAL_MAX_NEW_TOKENS // AREAL_TOKEN_UNIT,
+    response_tokens=AREAL_MAX_NEW_TOKENS // AREAL_TOKEN_UNIT, obs_tokens=None, time_scale=10.0,
+    engine=EngineCost.serving(R1_DISTILL_15B, mem_fraction_static=AREAL_MEM_FRACTION,
+                              token_unit=AREAL_TOKEN_UNIT),
+    workload=Workload(p_search=0.0, turn_median_tokens=AREAL_MEDIAN_TOKENS / AREAL_TOKEN_UNIT,
+                      turn_sigma=AREAL_SIGMA),
+    trainer_tok_s=AREAL_TRAINER_TOK_S,
+    engine_gpus=round(AREAL_GPUS // AREAL_SCALE * AREAL_INFERENCE_SHARE),
+    modes=("colocated", f"async{AREAL_STALENESS}"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,7 +97,7 @@ class SampleWork:
 
     @property
     def prefix_hit(self) -> float:
-        """The share of prefilled context the cache serves (EngineCost.prefix_hit)."""
+        """The share of prefilled context the cache serves under affinity routing."""
         return self.cached / self.prefill if self.prefill else 0.0
 
 
@@ -59,8 +112,10 @@ AFFINITY_HIT_FIRST = 0.797 / 0.8
 def expected_sample(
     shape: Shape, workload: Workload, prompt_tokens: int, obs_tokens: int, n: int = 4000
 ) -> SampleWork:
-    """The orchestrator's turn loop (`orchestrator.rollout`) over the workload's draws."""
+    """The orchestrator's turn loop (`orchestrator.rollout`) over the workload's draws, in real
+    tokens (a generated id is `shape.token_unit` of them)."""
     rng = random.Random(1)
+    unit = shape.token_unit
     obs = min(obs_tokens, shape.obs_tokens or obs_tokens)
     calls = shape.max_turns + (1 if shape.semantics == "original" else 0)
     gen = pre = train = turns = cached = 0.0
@@ -68,10 +123,11 @@ def expected_sample(
     for _ in range(n):
         resp = reusable = 0
         for call in range(calls):
-            room = min(shape.turn_tokens, shape.response_tokens - resp)
+            room = min(shape.turn_tokens, shape.response_tokens - resp // unit)
             if room <= 0:
                 break
             tokens, search, cut = workload.draw(rng, room)
+            tokens *= unit
             pre += prompt_tokens + resp
             cached += (
                 AFFINITY_HIT_FIRST * shared_prompt
@@ -128,13 +184,14 @@ ENGINE_LOAD = 0.6
 
 
 def split_bounds(
-    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float
+    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float, hit: float = 0.0
 ) -> dict[int, Bounds]:
-    """The bounds of every split of `shape.gpus` (one GPU per engine), by engine count."""
+    """The bounds of every split of `shape.gpus` (one GPU per engine), by engine count, with
+    `hit` of the prefilled context served from the prefix cache."""
     return {
         engines: bounds(
             shape.samples * work.generated,
-            shape.samples * work.prefill * (1 - cost.prefix_hit),
+            shape.samples * work.prefill * (1 - hit),
             work.context,
             shape.samples * work.train,
             shape.samples,
@@ -147,21 +204,26 @@ def split_bounds(
 
 
 def plan_split(
-    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float
+    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float, hit: float = 0.0
 ) -> tuple[int, int]:
     """(engines, trainer GPUs): the least step once engines run at ENGINE_LOAD of capacity.
     (The least ideal bound alone picks too few engines where the batch is small: the rollout's
     latency, not its work, then sets the step.)"""
-    options = split_bounds(shape, work, cost, trainer_tok_s)
+    if shape.engine_gpus is not None:
+        return shape.engine_gpus, shape.gpus - shape.engine_gpus
+    options = split_bounds(shape, work, cost, trainer_tok_s, hit)
     engines = min(
         options, key=lambda n: max(options[n].engine_s / ENGINE_LOAD, options[n].trainer_s)
     )
     return engines, shape.gpus - engines
 
 
-def least_ideal_s(shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float) -> float:
+def least_ideal_s(
+    shape: Shape, work: SampleWork, cost: EngineCost, trainer_tok_s: float, hit: float = 0.0
+) -> float:
     """The ideal bound of the best split of the cluster, whichever split a run uses."""
-    return min(b.ideal_s for b in split_bounds(shape, work, cost, trainer_tok_s).values())
+    bounds_ = split_bounds(shape, work, cost, trainer_tok_s, hit)
+    return min(b.ideal_s for b in bounds_.values())
 
 
 @dataclass
@@ -189,6 +251,7 @@ class ModeResult:
     searches_mean: float = float("nan")
     truncation_rate: float = float("nan")
     search_s: float = float("nan")  # mean simulated search latency (the retriever's own count)
+    prefix_hit: float = 0.0  # share of the prefilled context the engines' caches served
 
 
 def rollout_steps(log_lines: list[str], warmup: int, scale: float) -> dict[str, float]:
@@ -216,10 +279,11 @@ def rollout_steps(log_lines: list[str], warmup: int, scale: float) -> dict[str, 
 
 def summarize(
     mode: str, snaps: list[tuple[dict[str, Any], dict[str, Any], float, float]], warmup: int,
-    split: tuple[int, int], scale: float,
+    split: tuple[int, int], scale: float, unit: int = 1,
 ) -> ModeResult:  # fmt: skip
     """`snaps`: per trainer step (its metrics line, the engines' stats read when it appeared,
-    CPU seconds of the processes, real time). The window starts after `warmup` steps."""
+    CPU seconds of the processes, real time). The window starts after `warmup` steps. Token
+    counts come out in real tokens (a generated id is `unit` of them)."""
     warm = max(0, min(warmup, len(snaps) - 2))
     first, last = snaps[warm], snaps[-1]
     window = [m for m, _, _, _ in snaps[warm + 1 :]]
@@ -230,7 +294,7 @@ def summarize(
         return sum(e[key] for e in last[1]["engines"]) - sum(e[key] for e in first[1]["engines"])
 
     requests = max(delta("requests"), 1.0)
-    trained = sum(
+    trained = unit * sum(
         m["samples"] * m["response_length/mean"] * (1 - m["loss_mask/observation_fraction"])
         for m in window
     )
@@ -255,6 +319,8 @@ def summarize(
         discarded=max(generated - trained, 0.0) / n,
         prefill=delta("prefill_computed") / n,
         context=(delta("prefill_computed") + delta("prefill_cached")) / requests,
-        train_tokens=sum(m["train_tokens"] for m in window) / n,
+        train_tokens=(sum(m["train_tokens"] for m in window) + trained * (unit - 1) / unit) / n,
         cpu_share=(last[2] - first[2]) / max(last[3] - first[3], 1e-9),
-    )
+        prefix_hit=delta("prefill_cached") / max(delta("prefill_computed")
+                                                 + delta("prefill_cached"), 1.0),
+    )  # fmt: skip

@@ -67,7 +67,6 @@ ELSEWHERE = {
 HELPERS = {
     "pipeline_model": "bench/pipeline.py's cost model (no main)",
     "retriever_load": "bench/retriever.py's load generator (no main)",
-    "sim_services": "the simulated engine and retriever servers the scale benches start",
     "searchr1_reference": "Search-R1's own retrieval server, for bench/retriever.py side by side",
     "profile_summary": "bench/trainer_step.py --profile's reduction of a profile (no main)",
 }

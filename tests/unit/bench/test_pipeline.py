@@ -26,9 +26,9 @@ from bench.pipeline_model import (
     split_bounds,
     summarize,
 )
-from harness.sim_cost import Clock, EngineCost, Workload, retriever_p50_s
-from harness.sim_engine import SimEngine
-from harness.sim_trainer import SleepingBackend, TrainerCost
+from harness.sim.cost import Clock, EngineCost, Workload, retriever_p50_s
+from harness.sim.engine import SimEngine
+from harness.sim.trainer import SleepingBackend, TrainerCost
 from tests.factories import make_trajectory
 from trainer.config import TrainerConfig
 from trainer.step import train_on
@@ -69,13 +69,13 @@ def test_expected_work_split_and_bounds_of_slime_recipe() -> None:
     # Engines planned at ENGINE_LOAD of capacity: with the prefix cache (the bench's default),
     # more of them than the least ideal bound's split (1 engine: its rollout's latency would
     # outlast a trainer step; measured 7.1 s against 5.1 s with 2, docs/pipeline-bench.md).
-    cached = EngineCost(prefix_hit=work.prefix_hit)
-    planned = plan_split(shape, work, cached, 6879.0)
-    options = split_bounds(shape, work, cached, 6879.0)
+    hit = work.prefix_hit
+    planned = plan_split(shape, work, cost, 6879.0, hit)
+    options = split_bounds(shape, work, cost, 6879.0, hit)
     least = min(options, key=lambda n: options[n].ideal_s)
     assert (least, planned) == (1, (2, 6))
     assert options[2].engine_s <= ENGINE_LOAD * options[2].trainer_s
-    assert least_ideal_s(shape, work, cached, 6879.0) == options[least].ideal_s
+    assert least_ideal_s(shape, work, cost, 6879.0, hit) == options[least].ideal_s
     b = bounds(60_000, 150_000, 400, 170_000, 256, (2, 6), cost, 6879.0)
     assert b.trainer_s == pytest.approx(170_000 / (6 * 6879) + cost.push_s())
     assert b.ideal_s == max(b.engine_s, b.trainer_s)
@@ -124,7 +124,7 @@ async def test_the_engine_batches_pauses_and_aborts_in_simulated_time() -> None:
         call = asyncio.create_task(engine.generate(50, 10))
         await asyncio.sleep(0.01)  # ~20 of 50 tokens
         engine.pause("abort")
-        n, how, _, _ = await call
+        n, how, *_ = await call
         assert how == "abort" and 0 < n < 50
         assert engine.stats.aborted_tokens == n
         engine.resume(recompute=False)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from harness.sim_trainer import SleepingBackend, TrainerCost
+from harness.sim.trainer import SleepingBackend, TrainerCost
 from tests.factories import make_trajectory
 from trainer import batching, step
 from trainer.batching import MicroBatch, TrainSequence, build_microbatch

@@ -1,11 +1,13 @@
 """A simulated retriever answering Search-R1's `/retrieve` with our measured latency curve.
 
 Each request waits a log-normal time whose median follows the concurrency it arrives at
-(`harness.sim_cost.retriever_p50_s`: our retriever's measured p50 by concurrency, then
-saturated), divided over `--replicas` servers, in simulated time (`--time-scale`). The documents
-are fixed Search-R1 rows. `/sim/stats`: requests served and simulated seconds waited.
+(`harness.sim.cost.retriever_p50_s`: our retriever's measured p50 by concurrency, then
+saturated), divided over `--replicas` servers, in simulated time (`--time-scale`); `--p50-ms`
+fixes the median instead (a retriever that never saturates, for benches that load the
+orchestrator, not the retriever). The documents are fixed Search-R1 rows. `/sim/stats`:
+requests served and in flight, simulated seconds waited.
 
-    python -m harness.sim_retriever --port 39011 --time-scale 4
+    python -m harness.sim.retriever --port 39011 --time-scale 4
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from harness.sim_cost import RETRIEVER_SIGMA, Clock, retriever_p50_s
+from harness.sim.cost import RETRIEVER_SIGMA, Clock, retriever_p50_s
 
 # A 100-word Wikipedia passage is ~130 Qwen2.5 tokens; the bench's tiny tokenizer splits text
 # ~2.8x finer (docs/benchmarks.md, orchestrator at scale), so this passage stands for one such
@@ -31,7 +33,9 @@ from harness.sim_cost import RETRIEVER_SIGMA, Clock, retriever_p50_s
 DOC_TEXT = "Hamlet is a tragedy written by William Shakespeare around 1600. " * 3
 
 
-def create_app(clock: Clock, replicas: int, seed: int = 0) -> Starlette:
+def create_app(
+    clock: Clock, replicas: int, seed: int = 0, p50_ms: float | None = None
+) -> Starlette:
     rng = random.Random(seed)
     state = {"active": 0, "served": 0, "latency_s": 0.0}
     docs: dict[int, list[dict[str, Any]]] = {}
@@ -48,7 +52,7 @@ def create_app(clock: Clock, replicas: int, seed: int = 0) -> Starlette:
         req = json.loads(await request.body())
         state["active"] += 1
         try:
-            p50 = retriever_p50_s(state["active"] / replicas)
+            p50 = p50_ms / 1000 if p50_ms else retriever_p50_s(state["active"] / replicas)
             sim_s = p50 * math.exp(rng.gauss(0.0, RETRIEVER_SIGMA))
             state["latency_s"] += sim_s
             await asyncio.sleep(clock.real_s(sim_s))
@@ -85,8 +89,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--p50-ms", type=float, help="a fixed median (default: the measured curve)")
     args = p.parse_args()
-    app = create_app(Clock(args.time_scale), args.replicas)
+    app = create_app(Clock(args.time_scale), args.replicas, p50_ms=args.p50_ms)
     uvicorn.run(
         app,
         host="127.0.0.1",

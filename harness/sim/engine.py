@@ -8,14 +8,17 @@ engines, `/update_weights_from_distributed`: receives the broadcast, then charge
 transfer of the real model size, `/end_weight_update`, `/destroy_weights_update_group`),
 `/flush_cache`, `/health`, `/health_generate`. `/sim/stats` and `/sim/reset` are the bench's.
 
-Each engine runs a continuous-batching scheduler in simulated time (`harness.sim_cost`): all
+Each engine runs a continuous-batching scheduler in simulated time (`harness.sim.cost`): all
 running requests advance one token per decode iteration, whose duration depends on the batch
-and the context held; an admission stalls decoding for its uncached prefill; admission waits
-for `max_running` and the KV pool. Between events progress is computed, not stepped, so one
-process simulates 64 engines. The router sends a call with an `X-SMG-Routing-Key` header to
-the engine its key first went to, anything else to the least loaded engine (or round robin).
+and the context held; an admission stalls decoding for the part of its prompt its own prefix
+cache (`harness.sim.prefix_cache`, sized from its memory) does not hold; admission waits for
+`max_running` and the KV pool; a new weight version flushes the caches (as SGLang's weight
+updates do). Between events progress is computed, not stepped, so one process simulates 64
+engines. Routing (`--routing`) decides which engine, so which cache, a call meets: `affinity`
+sends a call with an `X-SMG-Routing-Key` header to the engine its key first went to (anything
+else to the least loaded), `least_loaded` and `round_robin` ignore the key.
 
-    python -m harness.sim_engine --port 39010 --model DIR --engines 8 --time-scale 4
+    python -m harness.sim.engine --port 39010 --model DIR --engines 8 --time-scale 4
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import itertools
 import json
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,10 +42,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from harness.sim_cost import Clock, EngineCost, Workload
+from harness.sim.cost import Clock, EngineCost, Workload
+from harness.sim.prefix_cache import PrefixCache
 from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
 
-ROUTING_KEY_HEADER = "x-smg-routing-key"  # inference.client's header, as Starlette reads it
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # engine_client's header, as Starlette reads it
+ROUTINGS = ("affinity", "least_loaded", "round_robin")
 EPS = 1e-9
 
 
@@ -52,6 +58,9 @@ class Req:
     fut: asyncio.Future[tuple[int, str]]
     start_version: int = 0
     finish_v: float = 0.0
+    prompt: Sequence[int] = ()  # token ids: what the prefix cache matches and keeps
+    output: Sequence[int] = ()  # the ids it will return (kept in the cache when it finishes)
+    cached: int = 0  # context tokens its admission took from the prefix cache
 
 
 @dataclass
@@ -63,7 +72,8 @@ class EngineStats:
     aborted_tokens: int = 0  # generated, then thrown away by an abort
     prefill_computed: int = 0
     prefill_cached: int = 0
-    requests: int = 0
+    requests: int = 0  # admitted
+    finished: int = 0  # returned (done or aborted)
 
 
 class SimEngine:
@@ -71,6 +81,9 @@ class SimEngine:
 
     def __init__(self, cost: EngineCost, clock: Clock) -> None:
         self.cost, self.clock = cost, clock
+        unit = cost.token_unit
+        size = cost.kv_tokens if cost.prefix_cache_tokens is None else cost.prefix_cache_tokens
+        self.cache = PrefixCache(size // unit)
         self.running: dict[int, Req] = {}
         self.heap: list[tuple[float, int]] = []
         self.waiting: deque[Req] = deque()
@@ -88,13 +101,38 @@ class SimEngine:
     def load(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    async def generate(self, tokens: int, context: int) -> tuple[int, str, int, int]:
-        """(tokens generated, finish "done" | "abort", version at start, version at end)."""
-        req = Req(tokens, context, asyncio.get_running_loop().create_future())
+    async def generate(
+        self, tokens: int, context: int, prompt: Sequence[int] = (), output: Sequence[int] = ()
+    ) -> tuple[int, str, int, int, int]:
+        """(tokens generated, finish "done" | "abort", version at start, version at end,
+        context tokens served from the prefix cache). `tokens` are real tokens (each generated
+        id stands for `cost.token_unit` of them), `context` the prompt's ids (so a unit above 1
+        fits single-call shapes); `prompt` and `output` are the ids the cache keeps."""
+        req = Req(tokens, context, asyncio.get_running_loop().create_future(), prompt=prompt,
+                  output=output)  # fmt: skip
         self.waiting.append(req)
         self._wake.set()
         n, how = await req.fut
-        return n, how, req.start_version, self.version
+        return n, how, req.start_version, self.version, req.cached
+
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Ids of `prompt` this engine's cache holds; the prompt is cached from then on (SGLang
+        inserts a request's prefix once it is prefilled)."""
+        if self.cost.prefix_cache_tokens is None:  # the pool's free part (running KV first)
+            self.cache.capacity = max(self.cost.kv_tokens - self.kv, 0) // self.cost.token_unit
+        hit = self.cache.match(prompt)
+        self.cache.insert(prompt)
+        return hit
+
+    def flush(self) -> None:
+        self.cache.clear()
+
+    def _done(self, req: Req, n: int, how: str) -> None:
+        self.stats.finished += 1
+        if req.prompt:
+            self.cache.insert([*req.prompt, *req.output[: n // self.cost.token_unit]])
+        if not req.fut.done():
+            req.fut.set_result((n, how))
 
     def _advance(self, now: float) -> None:
         dt = now - self.last
@@ -119,8 +157,7 @@ class SimEngine:
             req = self.running.pop(rid)
             self.kv -= req.context + req.tokens
             self.stats.tokens += req.tokens
-            if not req.fut.done():
-                req.fut.set_result((req.tokens, "done"))
+            self._done(req, req.tokens, "done")
 
     def _admit(self, now: float) -> None:
         c = self.cost
@@ -129,7 +166,8 @@ class SimEngine:
             if self.running and self.kv + req.context + req.tokens > c.kv_tokens:
                 break
             self.waiting.popleft()
-            cached = int(c.prefix_hit * req.context)
+            cached = min(self.prefill(req.prompt), req.context)
+            req.cached = cached
             self.stats.prefill_cached += cached
             self.stats.prefill_computed += req.context - cached
             self.stats.requests += 1
@@ -169,11 +207,9 @@ class SimEngine:
                 done = max(0, min(req.tokens, int(self.v - (req.finish_v - req.tokens))))
                 self.stats.tokens += done
                 self.stats.aborted_tokens += done
-                if not req.fut.done():
-                    req.fut.set_result((done, "abort"))
+                self._done(req, done, "abort")
             for req in self.waiting:
-                if not req.fut.done():
-                    req.fut.set_result((0, "abort"))
+                self._done(req, 0, "abort")
             self.running.clear()
             self.waiting.clear()
             self.heap.clear()
@@ -197,7 +233,7 @@ class Cluster:
     clock: Clock
     cost: EngineCost
     workload: Workload
-    routing: str = "least_loaded"
+    routing: str = "affinity"
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     keys: dict[str, int] = field(default_factory=dict)
     version: int = 0
@@ -208,6 +244,9 @@ class Cluster:
     _rr: itertools.cycle[int] = field(default_factory=lambda: itertools.cycle([0]))
 
     def route(self, key: str | None) -> SimEngine:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        key = key if self.routing == "affinity" else None
         if key is not None and key in self.keys:
             return self.engines[self.keys[key]]
         if self.routing == "round_robin":
@@ -219,6 +258,9 @@ class Cluster:
         return self.engines[i]
 
     def set_version(self, version: int) -> None:
+        if version != self.version:
+            for e in self.engines:
+                e.flush()  # the cached KV was computed by the old weights
         self.version = version
         for e in self.engines:
             e.version = version
@@ -244,17 +286,24 @@ def create_app(cluster: Cluster, model_path: str, vocab_size: int, filler: list[
             if n > max_new:
                 n, cut = max_new, True
         engine = cluster.route(request.headers.get(ROUTING_KEY_HEADER))
-        got, how, v0, v1 = await engine.generate(n, len(body.get("input_ids") or []))
+        prompt = body.get("input_ids") or []
+        o = cluster.rng.randrange(len(filler) // 2)  # each sample's own text, as sampling gives
+        out = filler[o : o + n] if cut else filler[o : o + n - len(tail_ids)] + tail_ids
+        unit = cluster.cost.token_unit
+        got, how, v0, v1, cached = await engine.generate(
+            n * unit, len(prompt), prompt=prompt, output=out
+        )
+        got //= unit
         if how == "abort" or cut:
-            ids, reason = filler[:got], {"type": "abort" if how == "abort" else "length"}
+            ids, reason = out[:got], {"type": "abort" if how == "abort" else "length"}
         else:
-            ids = filler[: n - len(tail_ids)] + tail_ids
+            ids = out
             reason = {"type": "stop", "matched": "</search>" if search else "</answer>"}
         meta: dict[str, Any] = {
             "finish_reason": reason,
-            "prompt_tokens": len(body.get("input_ids") or []),
+            "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),
-            "cached_tokens": int(cluster.cost.prefix_hit * len(body.get("input_ids") or [])),
+            "cached_tokens": cached,
             "weight_version": str(v1),
         }
         if v0 != v1:
@@ -268,6 +317,11 @@ def create_app(cluster: Cluster, model_path: str, vocab_size: int, filler: list[
         return JSONResponse({**info, "weight_version": str(cluster.version)})
 
     async def ok(request: Request) -> Response:
+        return JSONResponse({"success": True, "message": "ok"})
+
+    async def flush(request: Request) -> Response:
+        for e in cluster.engines:
+            e.flush()
         return JSONResponse({"success": True, "message": "ok"})
 
     async def pause(request: Request) -> Response:
@@ -344,6 +398,7 @@ def create_app(cluster: Cluster, model_path: str, vocab_size: int, filler: list[
                 "version": cluster.version,
                 "push_s": cluster.push_s,
                 "in_flight": sum(e.load for e in cluster.engines),
+                "served": sum(e.stats.finished for e in cluster.engines),
                 "engines": [asdict(e.stats) for e in cluster.engines],
             }
         )
@@ -351,6 +406,7 @@ def create_app(cluster: Cluster, model_path: str, vocab_size: int, filler: list[
     async def reset(request: Request) -> Response:
         for e in cluster.engines:
             e.stats = EngineStats()
+            e.flush()
         cluster.set_version(0)
         cluster.push_s = 0.0
         cluster.keys.clear()
@@ -366,7 +422,7 @@ def create_app(cluster: Cluster, model_path: str, vocab_size: int, filler: list[
             Route("/get_model_info", model_info),
             Route("/health", health),
             Route("/health_generate", health),
-            Route("/flush_cache", ok, methods=["GET", "POST"]),
+            Route("/flush_cache", flush, methods=["GET", "POST"]),
             Route("/pause_generation", pause, methods=["POST"]),
             Route("/continue_generation", resume, methods=["POST"]),
             Route("/begin_weight_update", ok, methods=["POST"]),
@@ -384,7 +440,8 @@ def build(args: argparse.Namespace) -> tuple[Cluster, Starlette]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model)
-    filler_text = "Let me think about which facts the question needs before I answer it. " * 400
+    # Varied ids (a constant period would let the prefix cache match different outputs).
+    filler_text = " ".join(f"step {i} checks fact {i * 7 % 101}." for i in range(2400))
     filler = tok(filler_text, add_special_tokens=False)["input_ids"]
     tails = {}
     for kind, text in (
@@ -413,7 +470,7 @@ def main() -> None:
     p.add_argument("--model", required=True, help="tokenizer directory (reported as model_path)")
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--routing", choices=["least_loaded", "round_robin"], default="least_loaded")
+    p.add_argument("--routing", choices=ROUTINGS, default="affinity")
     p.add_argument("--cost", help="EngineCost fields as JSON (overrides)")
     p.add_argument("--workload", help="Workload fields as JSON (overrides)")
     p.add_argument("--seed", type=int, default=0)

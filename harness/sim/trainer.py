@@ -2,14 +2,15 @@
 (`trainer.loop`, `trainer.step`: advantages, packing, the loss math) over a simulated GPU.
 
 Named by dotted path in the trainer's config (`trainer.backend:
-harness.sim_trainer:load_sleeping_backend`); product code never imports it. Its cost model
+harness.sim.trainer:load_sleeping_backend`); product code never imports it. Its cost model
 comes from the environment variable `SEARCHR1_SIM_TRAINER` (JSON, read when the loader runs):
 
 - `tokens_per_s_per_gpu`: a whole GRPO step's rate (old and reference logprobs, forward,
   backward, optimizer) per trainer GPU; default 6,879, the Megatron backend's measured rate
   for Qwen2.5-3B at slime's batch on one H100 (docs/benchmarks.md, "Trainer on a GPU");
 - `gpus`: trainer GPUs (data parallel, assumed to scale linearly);
-- `time_scale`: simulated seconds per real second (the bench runs faster than a cluster).
+- `time_scale`: simulated seconds per real second (the bench runs faster than a cluster);
+- `token_unit`: real tokens one generated id stands for (`harness.sim.cost`).
 
 A step lasts `tokens / (tokens_per_s_per_gpu * gpus) / time_scale` from its first logprobs
 call to the end of its `forward_backward`, where `tokens` are the packed micro-batches' real
@@ -18,7 +19,7 @@ between (packing, advantages, the loss math) is part of that time, as it is part
 measured rate, and only the rest is slept. Logprobs are zeros (the loss runs on them for
 real). The weights are one tiny tensor, so a weight push is the real sender's protocol at no
 transfer cost: the simulated engine charges the transfer of the model's real size
-(`harness.sim_engine`).
+(`harness.sim.engine`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from harness.sim.cost import MEASURED_TOKENS_PER_S
 from trainer.backend import LossFn, OptimizerStep, Policy, TrainerBackend
 from trainer.batching import MicroBatch
 from trainer.config import TrainerConfig
@@ -41,7 +43,6 @@ from trainer.dist import DistInfo
 
 T = TypeVar("T")
 ENV = "SEARCHR1_SIM_TRAINER"
-MEASURED_TOKENS_PER_S = 6879.0  # docs/benchmarks.md: Megatron, Qwen2.5-3B, slime's batch, H100
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,13 @@ class TrainerCost:
     tokens_per_s_per_gpu: float = MEASURED_TOKENS_PER_S
     gpus: int = 1
     time_scale: float = 1.0
+    token_unit: int = 1
 
-    def step_s(self, tokens: int) -> float:
-        """Simulated seconds of a step over `tokens`."""
-        return tokens / (self.tokens_per_s_per_gpu * self.gpus)
+    def step_s(self, tokens: int, generated: int = 0) -> float:
+        """Simulated seconds of a step over `tokens` ids, `generated` of them model output
+        (each `token_unit` real tokens)."""
+        real = tokens + generated * (self.token_unit - 1)
+        return real / (self.tokens_per_s_per_gpu * self.gpus)
 
 
 class SleepingBackend(TrainerBackend):
@@ -74,14 +78,15 @@ class SleepingBackend(TrainerBackend):
     ) -> None:
         start = self._step_start if self._step_start is not None else time.perf_counter()
         self._step_start = None
-        tokens = 0
+        tokens = generated = 0
         for mb in microbatches:
             logp = torch.zeros(mb.targets.numel(), requires_grad=True)
             entropy = torch.zeros(mb.targets.numel()) if entropy_grad else None
             loss_fn(mb, logp, entropy).loss.backward()
             tokens += mb.num_tokens
+            generated += mb.targets.numel()
         # The real CPU spent since the step began is part of it: sleep the rest.
-        sim_s = self.cost.step_s(tokens)
+        sim_s = self.cost.step_s(tokens, generated)
         real_s = sim_s / self.cost.time_scale - (time.perf_counter() - start)
         if real_s > 0:
             time.sleep(real_s)
@@ -124,5 +129,5 @@ def cost_from_env() -> TrainerCost:
 
 
 def load_sleeping_backend(cfg: TrainerConfig, info: DistInfo) -> TrainerBackend:
-    """The loader `trainer.backend` names: `harness.sim_trainer:load_sleeping_backend`."""
+    """The loader `trainer.backend` names: `harness.sim.trainer:load_sleeping_backend`."""
     return SleepingBackend(cfg, cost_from_env())

@@ -1,8 +1,12 @@
-"""The cost model of `bench/pipeline.py`'s simulated cluster: pure numbers, no I/O.
+"""The one cost model of the simulated cluster (`harness.sim`): pure numbers, no I/O.
 
 Every default names its source here and in docs/scale.md ("The pipeline bench's cost model").
 Times are simulated seconds; `Clock` maps them onto real time (`time_scale` simulated seconds
-per real second), so a cluster step of a minute can run in seconds on a CPU machine.
+per real second), so a cluster step of a minute can run in seconds on a CPU machine. A token
+id may stand for `token_unit` real tokens (`EngineCost.token_unit`, `TrainerCost.token_unit`):
+long reasoning generations (AReaL's 27K tokens) then cost what they would without thousands of
+ids per sample crossing HTTP and Redis on a CPU machine. (Only generated ids are scaled, so a
+unit above 1 fits single-call shapes, where a call's context is its prompt.)
 """
 
 from __future__ import annotations
@@ -13,11 +17,36 @@ import random
 import time
 from dataclasses import dataclass
 
-# Qwen2.5-3B (its config.json): 3.09e9 parameters, 36 layers, 2 KV heads of 128 dims.
-PARAMS = 3.09e9
-KV_BYTES_PER_TOKEN = 36 * 2 * 2 * 128 * 2  # layers x (K, V) x kv heads x head dim x bf16
 H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM datasheet
 H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 datasheet (also the MFU base of bench/trainer_step)
+# (An H800, AReaL's GPU, is an H100 SXM with NVLink cut to 400 GB/s: same HBM and FLOPS.)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model's serving cost depends on (from its config.json)."""
+
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2  # (K, V) x bf16
+
+
+# Qwen2.5-3B (its config.json): 3.09e9 parameters, 36 layers, 2 KV heads of 128 dims.
+QWEN25_3B = ModelSpec(3.09e9, 36, 2, 128)
+# DeepSeek-R1-Distill-Qwen-1.5B, AReaL's 1.5B (its config.json: 28 layers, 2 KV heads of 128
+# dims, untied embeddings: 1.78e9 parameters).
+R1_DISTILL_15B = ModelSpec(1.78e9, 28, 2, 128)
+PARAMS = QWEN25_3B.params
+# The trainer's rate (a whole GRPO step: old and reference logprobs, forward, backward,
+# optimizer, per GPU): the Megatron backend's measured rate for Qwen2.5-3B at slime's batch on
+# one H100 (docs/benchmarks.md, "Trainer on a GPU"; MFU 0.22 over 10 x params FLOPs a token).
+MEASURED_TOKENS_PER_S = 6879.0
+KV_BYTES_PER_TOKEN = QWEN25_3B.kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -40,10 +69,12 @@ class EngineCost:
     max_running: int = 512
     # KV pool: 80 GB x 0.88 (SGLang's mem_fraction_static for an 80 GB card) - 6.2 GB weights.
     kv_tokens: int = int((80e9 * 0.88 - 2 * PARAMS) / KV_BYTES_PER_TOKEN)
-    # Fraction of each request's context served from the prefix cache. 0 = no cache (the
-    # upper bound on prefill); bench/pipeline.py sets the shape's share under affinity routing
-    # at the measured hit rates (bench.pipeline_model.SampleWork.prefix_hit).
-    prefix_hit: float = 0.0
+    # Each engine's prefix cache (`harness.sim.prefix_cache`): None = what of the KV pool
+    # running requests do not hold (SGLang's radix cache lives in the pool); 0 = no cache.
+    # Which engine a session's calls land on (the routing) decides its hits.
+    prefix_cache_tokens: int | None = None
+    # Real tokens one generated id stands for (1: ids are tokens); a prompt's ids are tokens.
+    token_unit: int = 1
     # A weight push moves the bf16 weights (6.2 GB) at slime's published rate: Qwen3-30B-A3B
     # (61 GB) updated in 7 s, 8.7 GB/s (hebiao064.github.io/rl-weight-sync).
     push_bytes: float = 2 * PARAMS
@@ -61,6 +92,29 @@ class EngineCost:
 
     def push_s(self) -> float:
         return self.push_bytes / self.push_bytes_per_s
+
+    @classmethod
+    def serving(
+        cls, model: ModelSpec, mem_fraction_static: float = 0.88, hbm_bytes: float = 80e9,
+        **overrides: float | int | None,
+    ) -> EngineCost:  # fmt: skip
+        """The defaults' derivation for another model and memory setting: the weights' read
+        and the per-sequence matmul scale with the parameters, the KV read and the pool with
+        the model's KV bytes per token (launch and sampling overhead kept)."""
+        base = cls()
+        weights = 2 * model.params
+        kv = model.kv_bytes_per_token
+        fields: dict[str, float | int | None] = {
+            "step_fixed_s": base.step_fixed_s
+            - 2 * PARAMS / (0.7 * H100_HBM_BYTES_PER_S)
+            + weights / (0.7 * H100_HBM_BYTES_PER_S),
+            "step_per_seq_s": base.step_per_seq_s * model.params / PARAMS,
+            "step_per_kv_token_s": kv / (0.7 * H100_HBM_BYTES_PER_S),
+            "prefill_tokens_per_s": 0.4 * H100_BF16_FLOPS / (2 * model.params),
+            "kv_tokens": int((hbm_bytes * mem_fraction_static - weights) / kv),
+            "push_bytes": weights,
+        }
+        return cls(**{**fields, **overrides})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
