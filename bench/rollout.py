@@ -94,7 +94,7 @@ async def measure(
     for mode, fn in (("per_sample", per_sample), ("barrier", per_turn_barrier)):
         engine = InferenceClient(engine_url)
         search = DelayedSearch(RetrieverClient(retriever_url), args.latency_median, args.sigma)
-        tool = SearchTool(search, SearchConfig(topk=TOPK, timeout_s=120))
+        tool = SearchTool(search, SearchConfig(topk=TOPK, limits={"timeout_s": 120}))
         rollout = Rollout(cfg, engine, tool, tok, greedy=True)
         samples = make_samples(tok, prompts, args.samples)
         wall = await fn(rollout, samples)

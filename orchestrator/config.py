@@ -7,7 +7,7 @@ Defaults follow slime's Search-R1 recipe (spec section 2): `max_turns=2` generat
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -37,32 +37,77 @@ class DataConfig(Section):
     max_prompts: int | None = Field(default=None, ge=1, description="Cap on training rows read.")
 
 
-class SearchConfig(Section):
+class CallLimits(Section):
+    """What every tool call and environment turn runs under (orchestrator/tools/runner.py): a
+    concurrency cap, a deadline per attempt, bounded retries with backoff, a circuit breaker.
+
+    One section, the same fields wherever it appears: `search.limits`, the `limits` of a
+    `rollout.tools` entry, `task.limits`. Each owner has its own defaults (`LIMITS` of the
+    owner); a partial `limits:` keeps the owner's defaults for the fields it leaves out."""
+
+    max_concurrency: int = Field(default=64, ge=1, description="Global cap on calls in flight.")
+    timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one attempt.")
+    max_attempts: int = Field(default=2, ge=1, description="1 + retries.")
+    backoff_initial_s: float = Field(default=0.2, ge=0)
+    backoff_max_s: float = Field(default=2.0, ge=0)
+    breaker_failures: int = Field(
+        default=5,
+        ge=1,
+        description="Calls failed in a row (after their retries) that open the circuit breaker: "
+        "new calls then wait for the tool to be back instead of failing.",
+    )
+    breaker_probe_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="While open: probe the tool's readiness (search: the retriever's /ready) "
+        "this often; a tool without a probe waits this long.",
+    )
+    breaker_max_wait_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A call waits at most this long for the tool to be back, then fails (an "
+        "infrastructure failure, left out of training by default).",
+    )
+
+
+class WithLimits(Section):
+    """A section that owns a `limits` section, with its own defaults (`LIMITS`)."""
+
+    LIMITS: ClassVar[dict[str, Any]] = {}
+    limits: CallLimits = Field(default_factory=CallLimits, description="See `CallLimits`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _owner_defaults(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        flat = sorted(set(value) & set(CallLimits.model_fields))
+        if flat:  # the fields used to sit here, flat: say where they went
+            raise ValueError(
+                f"{', '.join(flat)}: set under `limits:` (e.g. limits: {{{flat[0]}: ...}})"
+            )
+        given = value.get("limits", {})
+        if isinstance(given, CallLimits):
+            given = given.model_dump(exclude_unset=True)
+        if isinstance(given, dict):
+            value = {**value, "limits": {**cls.LIMITS, **given}}
+        return value
+
+
+class SearchConfig(WithLimits):
+    LIMITS: ClassVar[dict[str, Any]] = {
+        "max_concurrency": 256,
+        "max_attempts": 4,
+        "backoff_max_s": 5.0,
+        "breaker_failures": 3,
+        "breaker_probe_s": 1.0,
+        "breaker_max_wait_s": 600.0,
+    }
     retriever_url: str = "http://127.0.0.1:8000"
     topk: int = Field(default=3, ge=1)
-    max_concurrency: int = Field(default=256, ge=1, description="Global cap on in-flight searches.")
-    timeout_s: float = Field(default=10.0, gt=0, description="Per attempt.")
-    max_attempts: int = Field(default=4, ge=1, description="1 + retries.")
-    backoff_initial_s: float = Field(default=0.2, ge=0)
-    backoff_max_s: float = Field(default=5.0, ge=0)
     failure_observation: str = Field(
         default="Search failed: {error}. No results are available for this query.",
         description="Shown inside <information> when retries are exhausted; {error} is filled.",
-    )
-    breaker_failures: int = Field(
-        default=3,
-        ge=1,
-        description="Searches failed in a row (after their retries) that open the circuit "
-        "breaker: new searches then wait for the retriever instead of failing.",
-    )
-    breaker_probe_s: float = Field(
-        default=1.0, gt=0, description="While open: probe the retriever's /health this often."
-    )
-    breaker_max_wait_s: float = Field(
-        default=600.0,
-        gt=0,
-        description="A search waits at most this long for the retriever to come back, then "
-        "fails (an infrastructure failure, left out of training by default).",
     )
 
 
@@ -98,12 +143,11 @@ class McpServerConfig(Section):
         return self
 
 
-class ToolConfig(Section):
+class ToolConfig(WithLimits):
     """One entry of `rollout.tools`: a built-in by name, a custom factory, or an MCP server.
 
     A plain string in the list is a built-in's name. `search` takes its settings from the
-    `search` section; every other tool from the fields here (the same guarantees: a global
-    concurrency cap, a deadline per attempt, bounded retries, a circuit breaker)."""
+    `search` section; every other tool from the fields here, its `limits` included."""
 
     name: str = Field(min_length=1, description="search | calculator | python, or your name.")
     factory: str | None = Field(
@@ -115,20 +159,6 @@ class ToolConfig(Section):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Passed to the built-in or the factory."
     )
-    max_concurrency: int = Field(default=64, ge=1, description="Global cap on calls in flight.")
-    timeout_s: float = Field(default=10.0, gt=0, description="Per attempt.")
-    max_attempts: int = Field(default=2, ge=1, description="1 + retries.")
-    backoff_initial_s: float = Field(default=0.2, ge=0)
-    backoff_max_s: float = Field(default=2.0, ge=0)
-    breaker_failures: int = Field(
-        default=5, ge=1, description="Calls failed in a row (after retries) that open the breaker."
-    )
-    breaker_probe_s: float = Field(
-        default=2.0, gt=0, description="While open: probe (or, with no probe, wait) this often."
-    )
-    breaker_max_wait_s: float = Field(
-        default=60.0, gt=0, description="A call waits at most this long for the tool to be back."
-    )
     failure_observation: str = Field(
         default="Tool {name} failed: {error}",
         description="What the policy is shown when a call fails; {name} and {error} filled.",
@@ -137,28 +167,37 @@ class ToolConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _from_name(cls, value: Any) -> Any:
-        return {"name": value} if isinstance(value, str) else value
+        value = {"name": value} if isinstance(value, str) else value
+        if isinstance(value, dict) and value.get("name") == "search":
+            # They used to be ignored silently: search's settings are orchestrator.search's.
+            ignored = sorted(set(value) - {"name", "factory", "mcp"})
+            if ignored and not (value.get("factory") or value.get("mcp")):
+                raise ValueError(
+                    "rollout.tools: the built-in search takes its settings from orchestrator."
+                    f"search, not from its tools entry (set there: {', '.join(ignored)})"
+                )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ToolConfig:
         if self.factory and self.mcp:
             raise ValueError(f"tool {self.name!r}: set factory or mcp, not both")
-        builtin_search = self.name == "search" and not (self.factory or self.mcp)
-        ignored = sorted(self.model_fields_set - {"name"}) if builtin_search else []
-        if ignored:  # they were ignored silently: search's settings are orchestrator.search's
-            raise ValueError(
-                f"rollout.tools: the built-in search takes its settings from orchestrator.search, "
-                f"not from its tools entry (set there: {', '.join(ignored)})"
-            )
         return self
 
 
-class TaskConfig(Section):
+class TaskConfig(WithLimits):
     """`orchestrator.task`: the environment to train on (orchestrator/tasks/, docs/tasks.md).
 
     Unset, the orchestrator runs today's Search-R1 loop over `data` and `rollout.tools`. Set, the
     task supplies the rows (train and eval), the first messages, the environment's turns and
-    the rubric; the rollout's limits (turns, tokens) still apply."""
+    the rubric; the rollout's limits (turns, tokens) still apply. Each environment turn runs
+    under `limits` (one attempt: a turn is never retried)."""
+
+    LIMITS: ClassVar[dict[str, Any]] = {
+        "max_concurrency": 256,
+        "timeout_s": 30.0,
+        "max_attempts": 1,
+    }
 
     name: str = Field(
         min_length=1,
@@ -168,20 +207,15 @@ class TaskConfig(Section):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Passed to the task: its data, sizes, seeds."
     )
-    step_timeout_s: float = Field(
-        default=30.0, gt=0, description="Deadline of one environment turn."
-    )
-    max_concurrency: int = Field(
-        default=256, ge=1, description="Environment turns in flight at once."
-    )
-    breaker_failures: int = Field(
-        default=5,
-        ge=1,
-        description="Environment turns failed in a row that open the breaker (turns then wait "
-        "breaker_probe_s before the next try instead of failing one after another).",
-    )
-    breaker_probe_s: float = Field(default=2.0, gt=0)
-    breaker_max_wait_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_attempt(self) -> TaskConfig:
+        if self.limits.max_attempts != 1:
+            raise ValueError(
+                "task.limits.max_attempts: an environment turn is never retried (a retry would "
+                "replay the action into a stateful episode); leave it at 1"
+            )
+        return self
 
 
 class ShapedScores(Section):

@@ -17,26 +17,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from orchestrator.config import TaskConfig
+from orchestrator.config import CallLimits
 from orchestrator.observation import Observation, Tokenizer
 from orchestrator.sample import Sample, Status
 from orchestrator.tasks.base import EnvStep, Episode, Task
 from orchestrator.tools.function_calling import ToolTurns, truncate
 from orchestrator.tools.metrics import RunnerMetrics
-from orchestrator.tools.runner import Limits, Outcome, ToolRunner
-
-
-def env_limits(cfg: TaskConfig | None) -> Limits:
-    """The runner's limits for environment turns: one attempt each."""
-    cfg = cfg or TaskConfig(name="task")
-    return Limits(
-        max_concurrency=cfg.max_concurrency,
-        timeout_s=cfg.step_timeout_s,
-        max_attempts=1,
-        breaker_failures=cfg.breaker_failures,
-        breaker_probe_s=cfg.breaker_probe_s,
-        breaker_max_wait_s=cfg.breaker_max_wait_s,
-    )
+from orchestrator.tools.runner import Outcome, ToolRunner
 
 
 class EnvTurns:
@@ -47,7 +34,7 @@ class EnvTurns:
         self,
         task: Task,
         tokenizer: Tokenizer,
-        limits: Limits,
+        limits: CallLimits,
         *,
         observation_max_tokens: int | None = None,
     ) -> None:

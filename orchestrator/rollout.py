@@ -50,7 +50,6 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.sample import Sample, Status, ToolCallRecord, TurnRecord
 from orchestrator.tools.function_calling import ParsedCall, ToolTurns, parse_tool_calls, truncate
 from orchestrator.tools.metrics import TOOL_CALLS
-from orchestrator.tools.runner import Limits
 from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import UNKNOWN, CallOutcome, Toolbox, describe_calls, entry
 
@@ -102,8 +101,7 @@ class Rollout:
         self.generator = generator
         self.env = env
         if isinstance(tools, SearchTool):  # Search-R1's one tool
-            limits = Limits.of(tools.cfg)
-            tools = Toolbox([entry(tools, limits, tools.cfg.failure_observation)])
+            tools = Toolbox([entry(tools, tools.cfg.limits, tools.cfg.failure_observation)])
         self.tools = tools
         tool = tools.get("search")
         self.search_tool: SearchTool | None = tool if isinstance(tool, SearchTool) else None

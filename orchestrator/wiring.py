@@ -14,9 +14,9 @@ from typing import Any
 
 from engine_client.client import InferenceClient
 from engine_client.pool import EnginePool
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import OrchestratorConfig, TaskConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
-from orchestrator.env_turns import EnvTurns, env_limits
+from orchestrator.env_turns import EnvTurns
 from orchestrator.evaluate import evaluate
 from orchestrator.loop import Orchestrator
 from orchestrator.markers import RunIdInUse
@@ -86,8 +86,8 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
         engine=engine,
         retriever=RetrieverClient(
             cfg.search.retriever_url,
-            timeout_s=cfg.search.timeout_s,
-            max_connections=cfg.search.max_concurrency,
+            timeout_s=cfg.search.limits.timeout_s,
+            max_connections=cfg.search.limits.max_concurrency,
             http_backend="aiohttp",
         ),
         bus=TrajectoryBus.from_url(redis_url, bus_cfg),
@@ -163,7 +163,7 @@ async def connect_rollout(
         env = EnvTurns(
             task,
             tokenizer,
-            env_limits(cfg.task),
+            (cfg.task or TaskConfig(name=task.name)).limits,
             observation_max_tokens=cfg.rollout.observation_max_tokens,
         )
         clients.tools = clients.tools or Toolbox([])

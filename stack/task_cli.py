@@ -21,7 +21,7 @@ from rich.table import Table
 
 from engine_client.client import GenerateResult
 from orchestrator.config import RewardConfig, RolloutConfig, SearchConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns, env_limits
+from orchestrator.env_turns import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, new_group
@@ -92,9 +92,9 @@ def scripted_rollout(task: Task, tokenizer: Any, messages: list[str], max_turns:
     cfg = RolloutConfig(max_turns=max_turns)
     policy = ScriptedPolicy(tokenizer, messages)
     if task.loop_tools is None:
-        env = EnvTurns(task, tokenizer, env_limits(None))
+        env = EnvTurns(task, tokenizer, TaskConfig(name=task.name).limits)
         return Rollout(cfg, policy, Toolbox([]), tokenizer, env=env)
-    search = SearchConfig(max_attempts=1, timeout_s=1.0, breaker_max_wait_s=1.0)
+    search = SearchConfig(limits={"max_attempts": 1, "timeout_s": 1.0, "breaker_max_wait_s": 1.0})
     cfg = cfg.model_copy(update={"action_format": task.loop_tools.action_format})
     return Rollout(cfg, policy, SearchTool(NoRetriever(), search), tokenizer)
 

@@ -16,7 +16,6 @@ from orchestrator.tools.base import Tool, check_schema
 from orchestrator.tools.calculator import Calculator
 from orchestrator.tools.mcp import connect_mcp
 from orchestrator.tools.python_exec import PythonTool
-from orchestrator.tools.runner import Limits
 from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Entry, Toolbox, close_tools, entry
 
@@ -61,7 +60,6 @@ async def build_toolbox(cfgs: list[ToolConfig], search: SearchTool | None) -> To
     try:
         for i, c in enumerate(cfgs):
             field = _field(i, c.name)
-            limits = Limits.of(c)
             if c.mcp is not None:
                 tools: list[Tool] = list(await connect_mcp(c.mcp, label=c.name, field=field))
             elif c.factory is not None:
@@ -69,7 +67,7 @@ async def build_toolbox(cfgs: list[ToolConfig], search: SearchTool | None) -> To
             elif c.name == "search":
                 if search is None:
                     raise ValueError(f"{field}: the search tool needs the retriever")
-                entries.append(entry(search, limits, search.cfg.failure_observation))
+                entries.append(entry(search, search.cfg.limits, search.cfg.failure_observation))
                 continue
             elif c.name in BUILTINS:
                 try:
@@ -83,7 +81,7 @@ async def build_toolbox(cfgs: list[ToolConfig], search: SearchTool | None) -> To
                     "(a dotted path) or mcp (a server) for your own"
                 )
             for t in tools:
-                e = entry(check_tool(t, field), limits, c.failure_observation)
+                e = entry(check_tool(t, field), c.limits, c.failure_observation)
                 entries.append(e)
                 opened.append(e)
         return Toolbox(entries)

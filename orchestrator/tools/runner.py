@@ -33,29 +33,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from orchestrator.config import CallLimits
 from orchestrator.tools.base import ToolError
 from orchestrator.tools.metrics import RunnerMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The runner's settings (`SearchConfig` and `ToolConfig` both carry them)."""
-
-    max_concurrency: int = 64
-    timeout_s: float = 10.0
-    max_attempts: int = 2
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 2.0
-    breaker_failures: int = 5
-    breaker_probe_s: float = 2.0
-    breaker_max_wait_s: float = 60.0
-
-    @classmethod
-    def of(cls, cfg: object) -> Limits:
-        return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -75,11 +58,11 @@ def not_the_calls_fault(exc: BaseException) -> bool:
 
 
 class ToolRunner:
-    """Runs one tool's calls under its `Limits`; `ready` is its readiness probe (optional)."""
+    """Runs one tool's calls under its `CallLimits`; `ready` is its readiness probe (optional)."""
 
     def __init__(
         self,
-        limits: Limits,
+        limits: CallLimits,
         metrics: RunnerMetrics,
         *,
         ready: Callable[[], Awaitable[bool]] | None = None,

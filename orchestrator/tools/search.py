@@ -28,7 +28,7 @@ from orchestrator.config import SearchConfig
 from orchestrator.observation import format_docs
 from orchestrator.tools.base import ToolError, ToolResult
 from orchestrator.tools.metrics import SearchMetrics
-from orchestrator.tools.runner import Limits, ToolRunner
+from orchestrator.tools.runner import ToolRunner
 from retriever.client import RetrieverBadRequest
 
 
@@ -67,7 +67,7 @@ class SearchTool:
         self.client = client
         self.cfg = cfg
         self.runner = ToolRunner(
-            Limits.of(cfg),
+            cfg.limits,
             SearchMetrics(self.name),
             ready=self.ready,
             retryable=_is_retryable,

@@ -13,9 +13,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config import CallLimits
 from orchestrator.tools.base import Tool, ToolError, ToolResult, function_schema, validate_arguments
 from orchestrator.tools.metrics import TOOL_CALLS, UNKNOWN, RunnerMetrics
-from orchestrator.tools.runner import Limits, ToolRunner
+from orchestrator.tools.runner import ToolRunner
 
 log = logging.getLogger(__name__)
 DEFAULT_FAILURE = "Tool {name} failed: {error}"
@@ -58,9 +59,9 @@ class Toolbox:
             self.entries[e.tool.name] = e
 
     @classmethod
-    def of(cls, *tools: Tool, limits: Limits | None = None) -> Toolbox:
+    def of(cls, *tools: Tool, limits: CallLimits | None = None) -> Toolbox:
         """Tools with default runners (a tool with its own `runner`, as search, keeps it)."""
-        return cls([entry(t, limits or Limits()) for t in tools])
+        return cls([entry(t, limits or CallLimits()) for t in tools])
 
     @property
     def names(self) -> list[str]:
@@ -122,7 +123,7 @@ async def close_tools(entries: list[Entry]) -> None:
                 await close()
 
 
-def entry(tool: Tool, limits: Limits, failure_observation: str = DEFAULT_FAILURE) -> Entry:
+def entry(tool: Tool, limits: CallLimits, failure_observation: str = DEFAULT_FAILURE) -> Entry:
     """A tool behind a runner: its own (`tool.runner`, e.g. search's) or one of `limits`, whose
     breaker probes `tool.ready` when the tool has one."""
     runner = getattr(tool, "runner", None)

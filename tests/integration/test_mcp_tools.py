@@ -147,7 +147,9 @@ async def test_third_party_calculator_server(tokenizer) -> None:  # type: ignore
 # --- failure modes: each counted and shown to the policy ---------------------------------
 
 
-@pytest.mark.parametrize("box", [stdio(timeout_s=0.5, max_attempts=1)], indirect=True)
+@pytest.mark.parametrize(
+    "box", [stdio(limits={"timeout_s": 0.5, "max_attempts": 1})], indirect=True
+)
 async def test_timeout(box: Toolbox, tokenizer) -> None:  # type: ignore[no-untyped-def]
     before = count("slow", "failed"), TOOL_FAILURES.labels("slow", "TimeoutError")._value.get()
     s = await roll(tokenizer, box, [call("slow", seconds=30) + EOT, "done" + EOT])
@@ -192,7 +194,16 @@ async def test_unknown_tool(box: Toolbox, tokenizer) -> None:  # type: ignore[no
 
 @pytest.mark.parametrize(
     "box",
-    [stdio(timeout_s=5, max_attempts=1, breaker_failures=1, breaker_probe_s=0.05)],
+    [
+        stdio(
+            limits={
+                "timeout_s": 5,
+                "max_attempts": 1,
+                "breaker_failures": 1,
+                "breaker_probe_s": 0.05,
+            }
+        )
+    ],
     indirect=True,
 )
 async def test_server_down_is_shown_and_the_probe_starts_it_again(box: Toolbox, tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -98,7 +98,7 @@ def stack(tmp_path_factory, tiny_model_dir):  # type: ignore[no-untyped-def]
 
 def rollout_for(stack: Stack, retriever_url: str | None = None, **cfg: Any) -> Rollout:
     search_cfg = SearchConfig(
-        retriever_url=retriever_url or stack.retriever.url, topk=TOPK, **cfg.pop("search", {})
+        retriever_url=retriever_url or stack.retriever.url, topk=TOPK, limits=cfg.pop("search", {})
     )
     # As the service builds them (orchestrator.wiring): aiohttp pools, the Rust tokenizer.
     retriever = RetrieverClient(search_cfg.retriever_url, timeout_s=2.0, http_backend="aiohttp")

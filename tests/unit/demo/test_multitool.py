@@ -130,7 +130,7 @@ async def _rollout_of(demo: Any, tokenizer: Any) -> Any:
     ]
     tools = [ToolConfig.model_validate(t) for t in ("search", "calculator")]
     cfg = RolloutConfig(tools=tools, action_format="function_calling", max_turns=3)
-    search = SearchTool(_Retriever(passages), SearchConfig(topk=1, max_attempts=1))
+    search = SearchTool(_Retriever(passages), SearchConfig(topk=1, limits=dict(max_attempts=1)))
     rollout = Rollout(cfg, ScriptedEngine(tokenizer, turns), await build_toolbox(tools, search),
                       rust_tokenizer(tokenizer))  # fmt: skip
     content = tokenizer.decode(demo.prompt_ids).split("<|im_start|>user\n", 1)[1]

@@ -45,14 +45,14 @@ class Flaky:
 
 async def test_retries_then_recovers() -> None:
     client = Flaky(2)
-    out = await SearchTool(client, SearchConfig(max_attempts=3, **FAST)).search("q")
+    out = await SearchTool(client, SearchConfig(limits=dict(max_attempts=3, **FAST))).search("q")
     assert out.error == "" and out.attempts == 3 and [d.id for d in out.docs] == ["1"]
 
 
 async def test_exhausted_retries_are_explicit_and_counted() -> None:
     before = metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get()
     client = Flaky(10)
-    out = await SearchTool(client, SearchConfig(max_attempts=3, **FAST)).search("q")
+    out = await SearchTool(client, SearchConfig(limits=dict(max_attempts=3, **FAST))).search("q")
     assert client.calls == 3 and out.attempts == 3
     assert "RetrieverUnavailable" in out.error and not out.docs
     assert metrics.SEARCH_FAILURES.labels("RetrieverUnavailable")._value.get() == before + 1
@@ -60,26 +60,28 @@ async def test_exhausted_retries_are_explicit_and_counted() -> None:
 
 async def test_bad_request_is_not_retried() -> None:
     client = Flaky(10, exc=RetrieverBadRequest("HTTP 400: topk"))
-    out = await SearchTool(client, SearchConfig(max_attempts=5, **FAST)).search("q")
+    out = await SearchTool(client, SearchConfig(limits=dict(max_attempts=5, **FAST))).search("q")
     assert client.calls == 1 and "HTTP 400" in out.error
 
 
 async def test_timeout_per_attempt() -> None:
     client = Flaky(0, delay=0.5)
-    out = await SearchTool(client, SearchConfig(timeout_s=0.05, max_attempts=2, **FAST)).search("q")
+    out = await SearchTool(
+        client, SearchConfig(limits=dict(timeout_s=0.05, max_attempts=2, **FAST))
+    ).search("q")
     assert out.attempts == 2 and out.error == "timed out after 0.05s"
     assert out.latency_s < 0.4
 
 
 async def test_global_concurrency_cap() -> None:
     client = Flaky(0, delay=0.02)
-    tool = SearchTool(client, SearchConfig(max_concurrency=3))
+    tool = SearchTool(client, SearchConfig(limits=dict(max_concurrency=3)))
     await asyncio.gather(*(tool.search(f"q{i}") for i in range(12)))
     assert client.max_in_flight == 3
 
 
 async def test_failure_observation_reaches_policy_and_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    tool = SearchTool(Flaky(100), SearchConfig(max_attempts=2, **FAST))
+    tool = SearchTool(Flaky(100), SearchConfig(limits=dict(max_attempts=2, **FAST)))
     rollout = Rollout(RolloutConfig(), ScriptedEngine(tokenizer, [TURN1, TURN2]), tool, tokenizer)
     [s] = new_group(
         PROMPT,
@@ -126,7 +128,8 @@ async def test_an_outage_opens_the_breaker_and_searches_wait_for_the_retriever()
     opens; closed on /health, the breaker let searches fail again)."""
     client = Outage()
     tool = SearchTool(
-        client, SearchConfig(max_attempts=2, breaker_failures=3, breaker_probe_s=0.01, **FAST)
+        client,
+        SearchConfig(limits=dict(max_attempts=2, breaker_failures=3, breaker_probe_s=0.01, **FAST)),
     )
     in_flight = [asyncio.create_task(tool.search(f"q{i}")) for i in range(5)]
     await asyncio.sleep(0.1)
@@ -157,7 +160,8 @@ async def test_searches_exhausted_together_share_one_ready_probe() -> None:
     is already struggling). They now share the one probe in flight."""
     client = SlowReadyOutage()
     tool = SearchTool(
-        client, SearchConfig(max_attempts=1, breaker_failures=100, breaker_probe_s=10, **FAST)
+        client,
+        SearchConfig(limits=dict(max_attempts=1, breaker_failures=100, breaker_probe_s=10, **FAST)),
     )
     waiting = [asyncio.create_task(tool.search(f"q{i}")) for i in range(50)]
     # polled, not a fixed sleep: on a loaded CI machine 50 searches took longer than 0.2 s to
@@ -176,7 +180,8 @@ async def test_searches_failing_on_a_ready_retriever_fail_and_open_the_breaker()
     """/ready fine but every search fails: the searches fail (no endless wait), and
     `breaker_failures` of them in a row still open the breaker."""
     tool = SearchTool(
-        Flaky(10**9), SearchConfig(max_attempts=1, breaker_failures=2, breaker_probe_s=5, **FAST)
+        Flaky(10**9),
+        SearchConfig(limits=dict(max_attempts=1, breaker_failures=2, breaker_probe_s=5, **FAST)),
     )
     for _ in range(2):
         assert "RetrieverUnavailable" in (await tool.search("q")).error
@@ -188,8 +193,10 @@ async def test_a_search_waits_at_most_breaker_max_wait_s() -> None:
     tool = SearchTool(
         client,
         SearchConfig(
-            max_attempts=1, breaker_failures=1, breaker_probe_s=0.01, breaker_max_wait_s=0.2,
-            **FAST,
+            limits=dict(
+                max_attempts=1, breaker_failures=1, breaker_probe_s=0.01, breaker_max_wait_s=0.2,
+                **FAST,
+            )
         ),
     )  # fmt: skip
     out = await tool.search("q")
@@ -201,7 +208,9 @@ async def test_a_failed_search_flags_the_sample_as_an_infrastructure_failure(tok
     from orchestrator.trajectory import to_trajectory
 
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2])
-    tool = SearchTool(Flaky(10**9), SearchConfig(max_attempts=1, breaker_failures=99, **FAST))
+    tool = SearchTool(
+        Flaky(10**9), SearchConfig(limits=dict(max_attempts=1, breaker_failures=99, **FAST))
+    )
     rollout = Rollout(RolloutConfig(), engine, tool, tokenizer)
     ids = prompt_token_ids(tokenizer, PROMPT.messages)
     [s] = new_group(PROMPT, ids, group_size=1, rollout_step=0, run_id="r")

@@ -13,7 +13,7 @@ import pytest
 from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 from orchestrator.config import RolloutConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns, env_limits
+from orchestrator.env_turns import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, Status, new_group
@@ -30,7 +30,7 @@ def make(tokenizer, task: Task, turns: list[str], index: int = 0, **cfg):  # typ
     """A rollout of `task`'s train row `index` with a scripted policy (as in test_tasks.py)."""
     engine = ScriptedEngine(tokenizer, turns)
     fast = rust_tokenizer(tokenizer)
-    limits = env_limits(TaskConfig(name=task.name, step_timeout_s=5.0))
+    limits = TaskConfig(name=task.name, limits={"timeout_s": 5.0}).limits
     env = EnvTurns(task, fast, limits)
     rollout = Rollout(RolloutConfig(**cfg), engine, Toolbox([]), fast, env=env)
     prompt = task.rows("train")[index]

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from orchestrator.config import RolloutConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns, env_limits
+from orchestrator.env_turns import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
@@ -29,7 +29,7 @@ from tests.unit.orchestrator.conftest import ScriptedEngine
 def make(tokenizer, task: Task, turns: list[str], *, step_timeout_s: float = 5.0, **cfg):  # type: ignore[no-untyped-def]
     engine = ScriptedEngine(tokenizer, turns)
     fast = rust_tokenizer(tokenizer)
-    limits = env_limits(TaskConfig(name=task.name, step_timeout_s=step_timeout_s))
+    limits = TaskConfig(name=task.name, limits={"timeout_s": step_timeout_s}).limits
     env = EnvTurns(task, fast, limits)
     rollout = Rollout(RolloutConfig(**cfg), engine, Toolbox([]), fast, env=env)
     prompt = task.rows("train")[0]

@@ -12,14 +12,19 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from orchestrator.config import OrchestratorConfig, RolloutConfig, SearchConfig, ToolConfig
+from orchestrator.config import (
+    CallLimits,
+    OrchestratorConfig,
+    RolloutConfig,
+    SearchConfig,
+    ToolConfig,
+)
 from orchestrator.hooks import HookError
 from orchestrator.tools.base import ToolError
 from orchestrator.tools.calculator import Calculator, evaluate
 from orchestrator.tools.metrics import TOOL_BREAKER_OPEN, TOOL_CALLS, TOOL_FAILURES
 from orchestrator.tools.python_exec import PythonTool
 from orchestrator.tools.registry import build_toolbox
-from orchestrator.tools.runner import Limits
 from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import UNKNOWN, Toolbox
 from orchestrator.wiring import Clients, connect_rollout
@@ -28,7 +33,7 @@ from tests.unit.orchestrator.test_rollout import FakeRetriever
 from tests.unit.orchestrator.tool_examples import Echo, Flaky
 
 E = "tests.unit.orchestrator.tool_examples"
-FAST = Limits(backoff_initial_s=0.001, backoff_max_s=0.01, max_attempts=3)
+FAST = CallLimits(backoff_initial_s=0.001, backoff_max_s=0.01, max_attempts=3)
 
 
 def calls(tool: str, outcome: str) -> float:
@@ -56,7 +61,7 @@ async def test_exhausted_retries_are_an_explicit_failure_observation() -> None:
 
 async def test_a_timeout_is_per_attempt_counted_and_shown() -> None:
     before = TOOL_FAILURES.labels("flaky", "TimeoutError")._value.get()
-    limits = Limits(timeout_s=0.05, max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.01)
+    limits = CallLimits(timeout_s=0.05, max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.01)
     out = await Toolbox.of(Flaky(delay=5), limits=limits).call("flaky", {})
     assert out.attempts == 2 and out.error == "timed out after 0.05s"
     assert "timed out after 0.05s" in out.text
@@ -65,14 +70,14 @@ async def test_a_timeout_is_per_attempt_counted_and_shown() -> None:
 
 async def test_the_concurrency_cap_is_global_per_tool() -> None:
     flaky = Flaky(delay=0.02)
-    box = Toolbox.of(flaky, limits=Limits(max_concurrency=3))
+    box = Toolbox.of(flaky, limits=CallLimits(max_concurrency=3))
     await asyncio.gather(*(box.call("flaky", {}) for _ in range(12)))
     assert flaky.max_in_flight == 3
 
 
 async def test_the_calls_own_error_is_shown_not_retried_nor_held_against_the_tool() -> None:
     echo = Echo()
-    box = Toolbox.of(echo, limits=Limits(max_attempts=5, breaker_failures=1))
+    box = Toolbox.of(echo, limits=CallLimits(max_attempts=5, breaker_failures=1))
     out = await box.call("echo", {"text": "refuse"})
     assert echo.calls == 1 and out.call_error and "echo refuses that" in out.text
     assert not box.entries["echo"].runner.breaker_open
@@ -80,7 +85,7 @@ async def test_the_calls_own_error_is_shown_not_retried_nor_held_against_the_too
 
 async def test_failures_in_a_row_open_the_breaker_which_closes_after_its_cool_down() -> None:
     flaky = Flaky(failures=2)
-    limits = Limits(max_attempts=1, breaker_failures=2, breaker_probe_s=0.01, **_fast())
+    limits = CallLimits(max_attempts=1, breaker_failures=2, breaker_probe_s=0.01, **_fast())
     box = Toolbox.of(flaky, limits=limits)
     for _ in range(2):
         assert (await box.call("flaky", {})).error
@@ -101,7 +106,7 @@ async def test_a_down_tool_makes_calls_wait_at_most_breaker_max_wait_s() -> None
             return False
 
     before = TOOL_FAILURES.labels("flaky", "CircuitOpen")._value.get()
-    limits = Limits(
+    limits = CallLimits(
         max_attempts=1, breaker_failures=1, breaker_probe_s=0.01, breaker_max_wait_s=0.1, **_fast()
     )
     out = await Toolbox.of(Down(failures=10**9), limits=limits).call("flaky", {})
@@ -249,7 +254,7 @@ async def test_builtins_and_custom_tools_by_name() -> None:
     cfgs = [
         ToolConfig(name="calculator"),
         ToolConfig(name="mine", factory=f"{E}:make_echo", options={"prefix": ">"}),
-        ToolConfig(name="pair", factory=f"{E}:make_two", max_attempts=1),
+        ToolConfig(name="pair", factory=f"{E}:make_two", limits=dict(max_attempts=1)),
     ]
     box = await build_toolbox(cfgs, None)
     assert box.names == ["calculator", "echo", "flaky", "upper"]
@@ -354,9 +359,41 @@ def test_limits_on_the_search_entry_of_rollout_tools_are_refused_not_ignored() -
 
     from orchestrator.config import OrchestratorConfig
 
-    with pytest.raises(ValidationError, match=r"orchestrator\.search.*timeout_s"):
-        OrchestratorConfig.model_validate(
-            {"rollout": {"tools": [{"name": "search", "timeout_s": 3}]}}
-        )
+    for entry_ in ({"name": "search", "limits": {"timeout_s": 3}}, {"name": "search", "x": 1}):
+        with pytest.raises(ValidationError, match=r"orchestrator\.search.*(limits|x)"):
+            OrchestratorConfig.model_validate({"rollout": {"tools": [entry_]}})
     cfg = OrchestratorConfig.model_validate({"rollout": {"tools": ["search"]}})
     assert cfg.rollout.tools[0].name == "search"
+
+
+def test_every_tool_search_and_task_share_one_limits_section_with_their_own_defaults() -> None:
+    """Issue 42: `SearchConfig`, `ToolConfig` and `TaskConfig` repeated the runner's limit
+    fields (9 of them, three times). Now one `limits` section; a partial one keeps its owner's
+    defaults; the old flat spelling is refused, naming where the field went."""
+    from pydantic import ValidationError
+
+    from orchestrator.config import TaskConfig
+
+    cfg = OrchestratorConfig.model_validate(
+        {
+            "search": {"limits": {"timeout_s": 3}},
+            "rollout": {
+                "action_format": "function_calling",
+                "tools": [{"name": "calculator", "limits": {"max_attempts": 1}}],
+            },
+            "task": {"name": "guess-number", "limits": {"timeout_s": 7}},
+        }
+    )
+    search, tool, task = cfg.search.limits, cfg.rollout.tools[0].limits, cfg.task.limits  # type: ignore[union-attr]
+    assert type(search) is type(tool) is type(task) is CallLimits
+    # set fields, then each owner's own defaults for the rest
+    assert (search.timeout_s, search.max_attempts, search.breaker_max_wait_s) == (3, 4, 600)
+    assert (tool.timeout_s, tool.max_attempts, tool.breaker_max_wait_s) == (10, 1, 60)
+    assert (task.timeout_s, task.max_attempts, task.max_concurrency) == (7, 1, 256)
+    assert SearchConfig(limits=CallLimits(timeout_s=2)).limits.max_attempts == 4
+    with pytest.raises(ValidationError, match=r"timeout_s: set under `limits:`"):
+        SearchConfig.model_validate({"timeout_s": 3})
+    with pytest.raises(ValidationError, match=r"breaker_failures: set under `limits:`"):
+        ToolConfig.model_validate({"name": "calculator", "breaker_failures": 3})
+    with pytest.raises(ValidationError, match=r"task\.limits\.max_attempts: .*never retried"):
+        TaskConfig.model_validate({"name": "guess-number", "limits": {"max_attempts": 2}})

@@ -89,7 +89,9 @@ async def make(
 ) -> tuple[ScriptedEngine, Rollout, Sample]:
     cfgs = [ToolConfig.model_validate(t) for t in (tools or ["search", "calculator"])]
     rcfg = RolloutConfig(tools=cfgs, action_format="function_calling", max_turns=4, **cfg)
-    search = SearchTool(retriever or FakeRetriever(), SearchConfig(topk=2, max_attempts=1))
+    search = SearchTool(
+        retriever or FakeRetriever(), SearchConfig(topk=2, limits=dict(max_attempts=1))
+    )
     box = await build_toolbox(rcfg.tools, search)
     engine = ScriptedEngine(tok, turns)
     rollout = Rollout(rcfg, engine, box, rust_tokenizer(tok))
@@ -202,7 +204,9 @@ async def test_a_tool_timeout_is_shown_counted_and_flags_the_sample(qwen_tok) ->
 async def _timeout_case(tok: Any) -> Sample:
     rcfg = RolloutConfig(tools=["search"], action_format="function_calling")
     # A retriever that is ready but slow: the call times out, the breaker stays closed.
-    search = SearchTool(Flaky(0, delay=5), SearchConfig(timeout_s=0.05, max_attempts=1))
+    search = SearchTool(
+        Flaky(0, delay=5), SearchConfig(limits=dict(timeout_s=0.05, max_attempts=1))
+    )
     box = await build_toolbox(rcfg.tools, search)
     rollout = Rollout(rcfg, ScriptedEngine(tok, [T1, T3]), box, tok)
     [s] = new_group(PROMPT, [], group_size=1, rollout_step=0, run_id="r")

@@ -39,7 +39,7 @@ SCENARIOS: dict[str, tuple[list[str], dict[str, Any], dict[str, Any], str]] = {
         "fake",
     ),
     "observation_truncated": ([TURN1, TURN2], {"observation_max_tokens": 12}, {}, "fake"),
-    "search_failure": ([TURN1, TURN2], {}, {"max_attempts": 2, **FAST}, "flaky"),
+    "search_failure": ([TURN1, TURN2], {}, {"limits": {"max_attempts": 2, **FAST}}, "flaky"),
     "length_turn": ([TURN1, TURN2], {"max_tokens_per_turn": 5, "max_turns": 3}, {}, "fake"),
 }
 
