@@ -375,15 +375,14 @@ def run_once(
 
     def run_fault(index: int, kind: str) -> None:
         trainer = stack.trainer_holding(monitor.holder_pid()) if hosts else "trainer"
-        step = monitor.steps_done
+        on = f" ({trainer})" if hosts and "trainer" in kind else ""
+        name = f"fault {index + 1}: {kind}{on}"
+        print(f"{name} at step {monitor.steps_done}", flush=True)
         fault, service, pid = inject(
             kind, stack, proxies, rngs[index], cfg.freeze_s, links, disks, hosts, trainer
         )
         with lock:
             injected.append(fault)
-        on = f" ({trainer})" if hosts and "trainer" in kind else ""
-        name = f"fault {index + 1}: {kind}{on}"
-        print(f"{name} at step {step}", flush=True)
         wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
         if settle_recovery(fault):
             print(f"  {name}: recovered in 0.0s (the run finished during the fault)", flush=True)
