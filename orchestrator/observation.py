@@ -1,4 +1,5 @@
-"""Actions and observations of the search environment, as text and as token ids.
+"""Observations of the search environment, as text and as token ids (the tags that call it:
+orchestrator/formats/search_r1.py).
 
 Text formats are the references' exactly (spec section 2): documents are rendered as
 `Doc {i}(Title: {title}) {text}\\n` and wrapped as `"\\n\\n<information>" + docs.strip() +
@@ -8,12 +9,10 @@ and those ids are appended to the context: the policy's own ids are never re-tok
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 OBS_PREFIX = "\n\n<information>"
 OBS_SUFFIX = "</information>\n\n"
 
@@ -29,14 +28,6 @@ class Tokenizer(Protocol):
 class Doc(Protocol):
     id: str
     contents: str
-
-
-def parse_action(text: str) -> tuple[str | None, str]:
-    """The first `<search>`/`<answer>` block of one turn's text: (action, stripped content)."""
-    m = _ACTION.search(text)
-    if m is None:
-        return None, ""
-    return m.group(1), m.group(2).strip()
 
 
 def format_docs(docs: Sequence[Doc]) -> str:

@@ -12,21 +12,17 @@ Turn semantics (spec section 2):
   if any, is not executed.
 A search on the last generation call is never executed: no further turn could read it.
 
-Action formats (`rollout.action_format`): `search_r1`, the tags above (one tool, `search`);
-`function_calling`, the chat template's `<tool_call>` format over any tools
-(orchestrator/tools/function_calling.py). The tools run behind their runners
-(orchestrator/tools/runner.py): deadlines, retries, the breaker, metrics per tool.
-
-A task whose environment answers every turn (`env`, orchestrator/env_turns.py) takes the place
-of the tools: each model message goes to the sample's episode, whose answer is appended as the
-chat template renders it; the episode says when the sample is done, and the task's rubric
-scores it when it ends.
+What follows a model message is its action format's (orchestrator/formats/, one module each):
+`search_r1`, the tags above (one tool, `search`); `function_calling`, the chat template's
+`<tool_call>` format over any tools; or a task whose environment answers every turn (`env`):
+each model message goes to the sample's episode, whose answer is appended as the chat template
+renders it, and the task's rubric scores the sample when it ends. The tools run behind their
+runners (orchestrator/tools/runner.py): deadlines, retries, the breaker, metrics per tool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -36,22 +32,16 @@ from typing import Any, Protocol
 from engine_client.client import InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
 from orchestrator.config import ActionFormat, RolloutConfig, RoutingKey, TurnSemantics
-from orchestrator.env_turns import EnvTurns
+from orchestrator.formats.base import TurnFormat
+from orchestrator.formats.environment import EnvTurns
+from orchestrator.formats.function_calling import FunctionCallingFormat
+from orchestrator.formats.search_r1 import SearchR1Format
 from orchestrator.hooks import load_hook
-from orchestrator.observation import (
-    Observation,
-    Tokenizer,
-    format_docs,
-    parse_action,
-    tokenize_message,
-    tokenize_observation,
-)
+from orchestrator.observation import Observation, Tokenizer
 from orchestrator.prompt import prompt_token_ids
-from orchestrator.sample import Sample, Status, ToolCallRecord, TurnRecord
-from orchestrator.tools.function_calling import ParsedCall, ToolTurns, parse_tool_calls, truncate
-from orchestrator.tools.metrics import TOOL_CALLS
+from orchestrator.sample import Sample, Status, TurnRecord
 from orchestrator.tools.search import SearchTool
-from orchestrator.tools.toolbox import UNKNOWN, CallOutcome, Toolbox, describe_calls, entry
+from orchestrator.tools.toolbox import Toolbox, entry
 
 log = logging.getLogger(__name__)
 
@@ -105,23 +95,20 @@ class Rollout:
         self.tools = tools
         tool = tools.get("search")
         self.search_tool: SearchTool | None = tool if isinstance(tool, SearchTool) else None
-        self.function_calling = env is None and cfg.action_format == ActionFormat.FUNCTION_CALLING
-        if env is None and not self.function_calling and self.search_tool is None:
-            raise ValueError("rollout.action_format search_r1 needs the search tool")
-        # What the engine stops on: rollout.stop if set; function calling's default is none
-        # (the engine stops at the end-of-turn token, which the template's rendering needs);
-        # a task's environment: the task's stop strings, else none.
-        fc_default = self.function_calling and "stop" not in cfg.model_fields_set
+        self.format: TurnFormat
         if env is not None:
-            self.stop: list[str] = list(env.task.stop or [])
+            self.format = env
+        elif cfg.action_format == ActionFormat.FUNCTION_CALLING:
+            self.format = FunctionCallingFormat(tools, tokenizer)
+        elif self.search_tool is None:
+            raise ValueError("rollout.action_format search_r1 needs the search tool")
         else:
-            self.stop = [] if fc_default else list(cfg.stop)
-        self.tool_turns = ToolTurns(tokenizer, tools.schemas()) if self.function_calling else None
+            self.format = SearchR1Format(self.search_tool, tokenizer, cfg)
+        self.stop: list[str] = self.format.stop(cfg)  # what the engine stops on
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self.tokenizer = tokenizer
         self.engine_retry_s = engine_retry_s
         self.greedy = greedy
-        self._invalid = tokenize_message(tokenizer, cfg.invalid_action_message)
         self._custom: Callable[[Rollout, Sample], Awaitable[None]] | None = None
         if cfg.custom_generate:
             self._custom = load_hook(
@@ -139,16 +126,13 @@ class Rollout:
         return self.cfg.max_turns + extra
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt's ids as this rollout's format renders them (function calling: with the
-        tools passed to the chat template)."""
-        tools = self.tools.schemas() if self.function_calling else None
-        if self.env is not None:
-            tools = self.env.prompt_tools()
-        return prompt_token_ids(self.tokenizer, messages, tools=tools)
+        """The prompt's ids as this rollout's format renders them (with the tools it passes to
+        the chat template, if any)."""
+        return prompt_token_ids(self.tokenizer, messages, tools=self.format.prompt_tools())
 
     def _tool_prompt_ids(self, sample: Sample) -> list[int]:
-        """Function calling: the prompt rendered with the tools (the loop renders it without;
-        cached per prompt, so a group renders it once)."""
+        """The prompt rendered with the format's tools (cached per prompt, so a group renders it
+        once)."""
         key = sample.prompt.prompt_id
         ids = self._prompt_cache.get(key)
         if ids is None:
@@ -159,7 +143,7 @@ class Rollout:
 
     async def run_sample(self, sample: Sample) -> Sample:
         """Run one sample to completion (never raises for engine/tool trouble: status ERROR)."""
-        if self.function_calling and not sample.response_ids:
+        if self.format.tools_in_prompt and not sample.response_ids:
             sample.prompt_ids = self._tool_prompt_ids(sample)
         sample.created_at = time.time()
         sample.temperature = self.temperature  # also for a custom hook that calls the engine
@@ -232,40 +216,22 @@ class Rollout:
         if result.finish_reason == "abort":
             sample.status, sample.error = Status.ABORTED, "engine aborted the request"
             return True
-        if self.env is not None:
-            return await self._env_step(sample, turn, text, result, max_new, room)
-        if self.function_calling:
-            return await self._function_calling_step(sample, turn, text, result, max_new, room)
-        action, content = parse_action(text)
-        turn.action = action or "invalid"
-        if action == "answer":
-            sample.status = Status.ANSWERED
-            return True
-        stop = self._stop_before_observing(sample, turn_index, result, max_new, room)
-        if stop is not None:
-            sample.status = stop
-            return True
-        if action == "search":
-            turn.query = content
-            obs = await self.search_observation(sample, turn, content)
-        else:
-            obs = self._invalid
-        return self._observe(sample, turn, obs)
+        return await self.format.act(self, sample, turn, text, result, max_new, room)
 
-    def _stop_before_observing(
+    def stop_before_observing(
         self, sample: Sample, turn_index: int, result: Any, max_new: int, room: int | None
     ) -> Status | None:
         """Why a sample whose turn asked for an observation ends here (None: it goes on)."""
         if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
             # slime's generate stops the sample on a cut turn (no correction, no next turn).
-            return self._length_status(sample, len(result.output_ids), max_new, room)
+            return self.length_status(sample, len(result.output_ids), max_new, room)
         if turn_index + 1 >= self.generation_calls:
             return Status.MAX_TURNS
         if len(sample.response_ids) >= self.cfg.max_response_tokens:
             return Status.RESPONSE_BUDGET
         return None
 
-    def _observe(self, sample: Sample, turn: TurnRecord, obs: Observation) -> bool:
+    def observe(self, sample: Sample, turn: TurnRecord, obs: Observation) -> bool:
         """Append the observation (loss mask 0); True when it does not fit and the sample ends."""
         if len(sample.response_ids) + len(obs.ids) >= self.cfg.max_response_tokens:
             # No room for the observation and a further turn: end here, honestly labelled.
@@ -287,7 +253,7 @@ class Rollout:
         metrics.PREFIX_TOKENS.labels(turn, "cacheable").inc(cacheable)
         metrics.PREFIX_TOKENS.labels(turn, "cached").inc(cached)
 
-    def _length_status(
+    def length_status(
         self, sample: Sample, generated: int, max_new: int, room: int | None = None
     ) -> Status:
         """Why a turn ended on "length": the engine's context, the whole-response budget, or
@@ -349,121 +315,3 @@ class Rollout:
                 metrics.ENGINE_RETRIES.inc()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-
-    async def search_observation(self, sample: Sample, turn: TurnRecord, query: str) -> Observation:
-        assert self.search_tool is not None  # checked in __init__
-        outcome = await self.search_tool.search(query)
-        turn.tool_latency_s = outcome.latency_s
-        turn.tool_attempts = outcome.attempts
-        sample.tool_s += outcome.latency_s
-        if outcome.error:
-            turn.error = outcome.error
-            sample.infrastructure_failure = True
-            body = self.search_tool.cfg.failure_observation.format(error=outcome.error)
-        else:
-            turn.doc_ids = [str(d.id) for d in outcome.docs]
-            body = format_docs(outcome.docs)
-        return tokenize_observation(self.tokenizer, body, self.cfg.observation_max_tokens)
-
-    async def _function_calling_step(
-        self,
-        sample: Sample,
-        turn: TurnRecord,
-        text: str,
-        result: Any,
-        max_new: int,
-        room: int | None,
-    ) -> bool:
-        """The rest of `step` in the function-calling format: a message without `<tool_call>`
-        is the answer; each call (malformed ones answered with their error) runs concurrently,
-        and the results come back as the template's `tool` turns."""
-        calls = parse_tool_calls(text)
-        if not calls:
-            turn.action = "answer"
-            if result.finish_reason == "length":
-                sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
-            else:
-                sample.status = Status.ANSWERED
-            return True
-        turn.action = "tool"
-        stop = self._stop_before_observing(sample, turn.index, result, max_new, room)
-        if stop is not None:
-            sample.status = stop
-            return True
-        return self._observe(sample, turn, await self.tool_observation(sample, turn, text, calls))
-
-    async def _env_step(
-        self,
-        sample: Sample,
-        turn: TurnRecord,
-        text: str,
-        result: Any,
-        max_new: int,
-        room: int | None,
-    ) -> bool:
-        """The rest of `step` with a task's environment: the message goes to the episode, whose
-        answer is appended unless the episode (or a limit) ends the sample here."""
-        assert self.env is not None
-        turn.action = "env"
-        if result.finish_reason == "length" and self.cfg.turn_semantics == TurnSemantics.SLIME:
-            sample.status = self._length_status(sample, len(result.output_ids), max_new, room)
-            return True
-        out = await self.env.step(sample, text)
-        turn.tool_latency_s, turn.tool_attempts = out.latency_s, out.attempts
-        sample.tool_s += out.latency_s
-        if out.value is None:
-            turn.error = out.error or "no answer"
-            sample.status = Status.ERROR
-            sample.error = f"environment {self.env.task.name!r}: {turn.error}"
-            sample.infrastructure_failure = True
-            return True
-        answer = out.value
-        turn.reward = float(answer.reward)
-        if answer.done:
-            sample.status = Status.ANSWERED
-            return True
-        stop = self._stop_before_observing(sample, turn.index, result, max_new, room)
-        if stop is not None:
-            sample.status = stop
-            return True
-        return self._observe(sample, turn, self.env.observation(text, answer))
-
-    async def _call(self, call: ParsedCall) -> CallOutcome:
-        if call.error:  # malformed: the policy reads why
-            TOOL_CALLS.labels(
-                call.name if self.tools.get(call.name) else UNKNOWN, "malformed"
-            ).inc()
-            return CallOutcome(call.name, call.arguments, f"Error: {call.error}", call.error, True)
-        return await self.tools.call(call.name, call.arguments)
-
-    async def tool_observation(
-        self, sample: Sample, turn: TurnRecord, text: str, calls: list[ParsedCall]
-    ) -> Observation:
-        """Run one turn's calls (concurrently) and render their results as `tool` turns."""
-        assert self.tool_turns is not None
-        outcomes = list(await asyncio.gather(*(self._call(c) for c in calls)))
-        turn.query = describe_calls(outcomes)
-        turn.error = "; ".join(o.error for o in outcomes if o.error)
-        turn.doc_ids = [d for o in outcomes for d in o.doc_ids]
-        turn.tool_attempts = sum(o.attempts for o in outcomes)
-        turn.tool_latency_s = max(o.latency_s for o in outcomes)
-        sample.tool_s += turn.tool_latency_s
-        if all(o.call_error for o in outcomes):
-            turn.action = "invalid"  # no call the policy made was usable
-        if any(o.error and not o.call_error for o in outcomes):
-            sample.infrastructure_failure = True  # a tool failed, not the policy
-        cap = self.cfg.observation_max_tokens
-        results = [(o.name, truncate(self.tokenizer, o.text, cap)) for o in outcomes]
-        turn.tool_calls = [
-            ToolCallRecord(
-                o.name,
-                json.dumps(o.arguments, ensure_ascii=False),
-                read,
-                o.error,
-                o.latency_s,
-                o.attempts,
-            )
-            for o, (_, read) in zip(outcomes, results, strict=True)
-        ]
-        obs_text = self.tool_turns.text(text, results)
-        return Observation(obs_text, self.tokenizer.encode(obs_text, add_special_tokens=False))

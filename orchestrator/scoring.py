@@ -7,7 +7,8 @@ mode with a contract test). Rule components (em, sub_em, f1, format, retrieval, 
 are always computed and recorded, whatever function produces the scalar.
 
 A task whose environment answers every turn scores its samples itself, by its rubric, when
-each episode ends (orchestrator/env_turns.py): then this only checks the rewards are finite.
+each episode ends (orchestrator/formats/environment.py): then this only checks the rewards are
+finite.
 """
 
 from __future__ import annotations

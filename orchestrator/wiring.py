@@ -16,8 +16,8 @@ from engine_client.client import InferenceClient
 from engine_client.pool import EnginePool
 from orchestrator.config import OrchestratorConfig, TaskConfig
 from orchestrator.data import PromptSampler, load_prompts, validation_subset
-from orchestrator.env_turns import EnvTurns
 from orchestrator.evaluate import evaluate
+from orchestrator.formats.environment import EnvTurns
 from orchestrator.loop import Orchestrator
 from orchestrator.markers import RunIdInUse
 from orchestrator.rollout import Rollout

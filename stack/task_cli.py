@@ -21,7 +21,7 @@ from rich.table import Table
 
 from engine_client.client import GenerateResult
 from orchestrator.config import RewardConfig, RolloutConfig, SearchConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns
+from orchestrator.formats.environment import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, new_group

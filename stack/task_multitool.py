@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.formats.function_calling import ToolTurns
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
-from orchestrator.tools.function_calling import ToolTurns
 from orchestrator.tools.search import SearchTool
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
 from stack.demo_world import PROFESSIONS, _unique_words

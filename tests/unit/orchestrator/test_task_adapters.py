@@ -13,7 +13,7 @@ import pytest
 from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 from orchestrator.config import RolloutConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns
+from orchestrator.formats.environment import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Sample, Status, new_group

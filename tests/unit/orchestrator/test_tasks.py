@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from orchestrator.config import RolloutConfig, TaskConfig
-from orchestrator.env_turns import EnvTurns
+from orchestrator.formats.environment import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout

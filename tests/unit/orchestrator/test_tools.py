@@ -337,7 +337,9 @@ async def test_the_service_builds_rollout_tools_once_at_start_up(tokenizer, tiny
     clients = Clients(Engine(tokenizer, ["x"]), FakeRetriever(), None)  # type: ignore[arg-type]
     rollout, _ = await connect_rollout(cfg, clients)
     assert rollout.tools is clients.tools and rollout.tools.names == ["search", "calculator"]
-    assert rollout.function_calling and rollout.stop == []
+    from orchestrator.formats.function_calling import FunctionCallingFormat
+
+    assert isinstance(rollout.format, FunctionCallingFormat) and rollout.stop == []
     again, _ = await connect_rollout(cfg, clients, greedy=True)  # `searchr1 eval`, validation
     assert again.tools is rollout.tools
     bad = OrchestratorConfig.model_validate(

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from orchestrator.config import RolloutConfig, SearchConfig, ToolConfig
+from orchestrator.formats.function_calling import parse_tool_calls
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.rollout import Rollout
 from orchestrator.sample import Prompt, Sample, Status, new_group
 from orchestrator.tokenizer import rust_tokenizer
-from orchestrator.tools.function_calling import parse_tool_calls
 from orchestrator.tools.metrics import TOOL_CALLS
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.search import SearchTool

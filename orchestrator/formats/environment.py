@@ -1,4 +1,5 @@
-"""A task's environment turns, as the rollout runs them (orchestrator/tasks/base.py).
+"""The environment format: a task's environment answers every model message
+(orchestrator/tasks/base.py).
 
 Each model message goes to the sample's `Episode.step` under a runner (the tools' own,
 orchestrator/tools/runner.py): a deadline per turn, a cap on turns in flight, a breaker after
@@ -17,11 +18,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from orchestrator.config import CallLimits
+from orchestrator.config import CallLimits, RolloutConfig, TurnSemantics
+from orchestrator.formats.base import TurnHost
+from orchestrator.formats.function_calling import ToolTurns, truncate
 from orchestrator.observation import Observation, Tokenizer
-from orchestrator.sample import Sample, Status
+from orchestrator.sample import Sample, Status, TurnRecord
 from orchestrator.tasks.base import EnvStep, Episode, Task
-from orchestrator.tools.function_calling import ToolTurns, truncate
 from orchestrator.tools.metrics import RunnerMetrics
 from orchestrator.tools.runner import Outcome, ToolRunner
 
@@ -45,8 +47,49 @@ class EnvTurns:
         self.turns = ToolTurns(tokenizer, task.tool_schemas(), role="user")
         self._episodes: dict[str, Episode] = {}
 
+    tools_in_prompt = False  # the loop renders the task's prompt with them already
+
     def prompt_tools(self) -> list[dict[str, Any]] | None:
         return self.task.tool_schemas() or None
+
+    def stop(self, cfg: RolloutConfig) -> list[str]:
+        return list(self.task.stop or [])
+
+    async def act(
+        self,
+        host: TurnHost,
+        sample: Sample,
+        turn: TurnRecord,
+        text: str,
+        result: Any,
+        max_new: int,
+        room: int | None,
+    ) -> bool:
+        """The message goes to the episode, whose answer is appended unless the episode (or a
+        limit) ends the sample here."""
+        turn.action = "env"
+        if result.finish_reason == "length" and host.cfg.turn_semantics == TurnSemantics.SLIME:
+            sample.status = host.length_status(sample, len(result.output_ids), max_new, room)
+            return True
+        out = await self.step(sample, text)
+        turn.tool_latency_s, turn.tool_attempts = out.latency_s, out.attempts
+        sample.tool_s += out.latency_s
+        if out.value is None:
+            turn.error = out.error or "no answer"
+            sample.status = Status.ERROR
+            sample.error = f"environment {self.task.name!r}: {turn.error}"
+            sample.infrastructure_failure = True
+            return True
+        answer = out.value
+        turn.reward = float(answer.reward)
+        if answer.done:
+            sample.status = Status.ANSWERED
+            return True
+        stop = host.stop_before_observing(sample, turn.index, result, max_new, room)
+        if stop is not None:
+            sample.status = stop
+            return True
+        return host.observe(sample, turn, self.observation(text, answer))
 
     def episode(self, sample: Sample) -> Episode:
         """The sample's episode, made on its first turn."""
