@@ -1,13 +1,14 @@
 """Prefix-cache hit rate and turn latency of multi-turn traffic, by how calls are routed.
 
-    python -m bench.prefix_routing [--engine torch|sglang] [--engines 2] [--groups 8]
+    python -m bench.prefix_routing [--engine torch|sglang|sim] [--engines 2] [--groups 8]
         [--group-size 5] [--turns 4] [--prompt-tokens 256] [--observation-tokens 300]
         [--max-new-tokens 48] [--routes pool,pool-none,manual,round_robin,cache_aware]
 
 Search-R1-shaped traffic (`harness.multiturn`: groups sharing a prompt, each sample's turns on
 its whole conversation, an "observation" appended after each turn) against `--engines` real
-engine processes (our reference engine with its prefix cache, or real SGLang 0.5.21 with its
-radix cache), routed:
+engine processes (our reference engine with its prefix cache, real SGLang 0.5.21 with its radix
+cache, or the simulated engine of `bench/pipeline.py`, `harness.sim`, with its LRU prefix cache:
+the check that the simulator's caches answer routing as the real engines do), routed:
 - `pool`: the orchestrator's EnginePool (orchestrator.engine_urls), keyed by group;
 - `pool-none`: the same pool without a key (least-loaded per call);
 - `manual`, `round_robin`, `cache_aware`: a real sglang-router with that policy (manual: with
@@ -16,8 +17,8 @@ radix cache), routed:
   `python3 dev.py sglang` builds).
 Per route: the share of the cacheable prefix the engines served from cache (first turns: the
 group's shared prompt; later turns: the sample's previous call), median turn latency, wall
-time. With `--engine torch`, one engine with vs without its cache (`single`) first: prefill
-tokens computed per sample and the turn latency. Engines keep their caches between routes;
+time. With `--engine torch` or `sim`, one engine with vs without its cache (`single`) first:
+prefill tokens computed per sample and the turn latency. Engines keep their caches between routes;
 each route draws its own token ids, so no route hits another's entries.
 
 The last line is key=value pairs.
@@ -38,6 +39,8 @@ from engine_client.client import InferenceClient
 from engine_client.pool import EnginePool
 from harness.inference_server import InferenceServerProcess, RouterProcess
 from harness.multiturn import PrefixStats, drive
+from harness.sim.cost import EngineCost
+from harness.sim.engine import SimEngineProcess
 from inference.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +48,10 @@ CACHE_TOKENS = "SEARCHR1_INFERENCE__TORCH_ENGINE__PREFIX_CACHE_TOKENS"
 ROUTER_POLICY = {"manual": "manual", "round_robin": "round_robin", "cache_aware": "cache_aware"}
 
 
-def computed_prefill_tokens(url: str) -> float:
+def computed_prefill_tokens(url: str, engine: str) -> float:
+    if engine == "sim":
+        stats = httpx.get(f"{url}/sim/stats").json()
+        return float(sum(e["prefill_computed"] for e in stats["engines"]))
     text = httpx.get(f"{url}/metrics").text
     match = re.search(r'searchr1_inference_prefill_tokens_total\{source="computed"\} (\S+)', text)
     return float(match.group(1)) if match else 0.0
@@ -84,7 +90,12 @@ async def run_route(
             router.stop()
 
 
-def engine(model: Path, args: argparse.Namespace, cache: bool) -> InferenceServerProcess:
+def engine(
+    model: Path, args: argparse.Namespace, cache: bool
+) -> InferenceServerProcess | SimEngineProcess:
+    if args.engine == "sim":
+        cost = EngineCost(prefix_cache_tokens=args.cache_tokens if cache else 0)
+        return SimEngineProcess(str(model), cost=cost)
     if args.engine == "sglang":
         return InferenceServerProcess(
             model, engine="sglang", sglang_python=args.router_python, ready_timeout_s=300
@@ -101,7 +112,7 @@ def single(model: Path, args: argparse.Namespace) -> dict[str, float]:
             stats = asyncio.run(run_route("pool", [server.url], args, seed=1))
             name = "on" if cache else "off"
             out[f"single_{name}_prefill_per_sample"] = round(
-                computed_prefill_tokens(server.url) / samples
+                computed_prefill_tokens(server.url, args.engine) / samples
             )
             out[f"single_{name}_turn_ms_later"] = round(1000 * stats.median_latency_s("later"), 1)
             out[f"single_{name}_wall_s"] = round(stats.wall_s, 2)
@@ -114,7 +125,7 @@ def single(model: Path, args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--engine", choices=["torch", "sglang"], default="torch")
+    ap.add_argument("--engine", choices=["torch", "sglang", "sim"], default="torch")
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=5)
@@ -131,7 +142,7 @@ def main() -> None:
     routes = [r for r in args.routes.split(",") if r]
     model = make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-prefix-")))
     result: dict[str, float | str] = {"engine": args.engine, "engines": args.engines}
-    if args.engine == "torch":
+    if args.engine in ("torch", "sim"):
         result |= single(model, args)
     servers = [engine(model, args, cache=True) for _ in range(args.engines)]
     try:

@@ -29,10 +29,13 @@ import contextlib
 import heapq
 import itertools
 import json
+import os
 import random
+import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +47,8 @@ from starlette.routing import Route
 
 from harness.sim.cost import Clock, EngineCost, Workload
 from harness.sim.prefix_cache import PrefixCache
+from searchr1.redis_server import free_port
+from searchr1.supervisor import ServiceProcess, ServiceSpec
 from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # engine_client's header, as Starlette reads it
@@ -462,6 +467,31 @@ def build(args: argparse.Namespace) -> tuple[Cluster, Starlette]:
         _rr=itertools.cycle(range(args.engines)),
     )
     return cluster, create_app(cluster, args.model, len(tok), filler, tails)
+
+
+class SimEngineProcess(ServiceProcess):
+    """This module's server as a child process on a free loopback port (`start()` returns once
+    `/health` answers): `bench/prefix_routing.py --engine sim`."""
+
+    def __init__(
+        self, model_dir: str, *, engines: int = 1, cost: EngineCost | None = None,
+        routing: str = "affinity", time_scale: float = 1.0, port: int | None = None,
+    ) -> None:  # fmt: skip
+        self.port = port or free_port()
+        command = [
+            sys.executable, "-m", "harness.sim.engine", "--port", str(self.port),
+            "--model", str(model_dir), "--engines", str(engines), "--routing", routing,
+            "--time-scale", str(time_scale), "--cost", json.dumps(asdict(cost or EngineCost())),
+        ]  # fmt: skip
+        root = str(Path(__file__).resolve().parents[2])  # this module's, from anywhere
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        spec = ServiceSpec("sim-engine", command, ready_url=f"{self.url}/health",
+                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": path})  # fmt: skip
+        super().__init__(spec)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 def main() -> None:
