@@ -8,6 +8,10 @@ found number, and `consistency_bonus` for a guess that the earlier answers still
 the interval they leave), so a policy learns to use the feedback before it wins reliably. The
 rubric sums them, less a small cost per guess beyond the fewest binary search needs; its `em`
 is the win alone. The rows are generated from a seed, the eval split disjoint from train.
+
+Its scripted demonstration (`demonstration` option) is binary search, or `random`: a guess drawn
+uniformly from the numbers the answers so far leave, which follows the rules (the format, the
+feedback) but not the strategy: a demo warm-started on it has a strategy left to learn.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ INSTRUCTION = (
     "I am thinking of a whole number from 1 to {high}. Find it. Write each guess as "
     "<guess> N </guess>; after each guess I say higher or lower, and where it still can be."
 )
+DEMONSTRATIONS = ("binary-search", "random")
 INVALID = "Write your guess as <guess> N </guess> with a whole number from 1 to {high}."
 
 
@@ -72,7 +77,15 @@ class GuessNumberTask(Task):
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self.check_options(
-            {"high", "train_size", "eval_size", "seed", "guess_cost", "consistency_bonus"}
+            {
+                "high",
+                "train_size",
+                "eval_size",
+                "seed",
+                "guess_cost",
+                "consistency_bonus",
+                "demonstration",
+            }
         )
         self.high = int(self.options.get("high", 16))
         if self.high < 2:
@@ -82,6 +95,12 @@ class GuessNumberTask(Task):
         self.seed = int(self.options.get("seed", 0))
         self.guess_cost = float(self.options.get("guess_cost", 0.1))
         self.consistency_bonus = float(self.options.get("consistency_bonus", 0.0))
+        self.demonstration_policy = str(self.options.get("demonstration", "binary-search"))
+        if self.demonstration_policy not in DEMONSTRATIONS:
+            raise ValueError(
+                f"options.demonstration must be one of {', '.join(DEMONSTRATIONS)}, "
+                f"not {self.demonstration_policy!r}"
+            )
         # The fewest guesses that always suffice (binary search).
         self.par = math.ceil(math.log2(self.high + 1))
 
@@ -120,12 +139,17 @@ class GuessNumberTask(Task):
         return {"reward": reward, "em": float(episode.solved), "guesses": float(episode.guesses)}
 
     def demonstration(self, prompt: Prompt) -> list[str]:
-        """Binary search to the row's secret."""
+        """Binary search to the row's secret, or random guesses among the numbers still
+        possible (`demonstration: random`, drawn from the row's id: the same every time)."""
         secret, low, high = int(prompt.golds[0]), 1, self.high
+        rng = random.Random(f"{self.seed}/{prompt.prompt_id}")
         messages = []
         while True:
-            mid = (low + high) // 2
-            messages.append(f"<guess> {mid} </guess>")
-            if mid == secret:
+            if self.demonstration_policy == "random":
+                guess = rng.randint(low, high)
+            else:
+                guess = (low + high) // 2
+            messages.append(f"<guess> {guess} </guess>")
+            if guess == secret:
                 return messages
-            low, high = (mid + 1, high) if secret > mid else (low, mid - 1)
+            low, high = (guess + 1, high) if secret > guess else (low, guess - 1)
