@@ -10,7 +10,8 @@ kinds) is injected every `--fault-every-s` and recovered from. Every `--sample-s
   descendant: RSS, open file descriptors, threads;
 - Redis: `used_memory`, the key count, each stream's length (the bus, its dead letters), and
   at the end its keys by family (count and bytes): what a growing figure is made of;
-- the bytes allocated under the run directory (Redis's AOF, checkpoints, logs, step lines);
+- the bytes allocated under the run directory, in all and by its parts (Redis's AOF,
+  checkpoints, the services' logs, the trainer's step lines);
 - the step time (the median gap of the trainer's last 8 step lines).
 
 After the run each figure's growth per hour is fitted over its samples after `--warmup-s` and
@@ -21,7 +22,9 @@ kills each service about once every 8 faults).
 
 The bus keeps consumed trajectory ids for `bus.dedup_retention_s` (7 days): bounded, but far
 beyond a soak, where it would read as a climb; the soak sets it to `--dedup-retention-s` (600 s,
-about the warm-up) so that bound is reached and must hold while the figures are fitted.
+about the warm-up) so that bound is reached and must hold while the figures are fitted; likewise
+Redis rewrites its AOF from 2 MB (`AOF_REWRITE_MIN`) instead of 64 MB. Logs and step lines are
+records, one line per event: they grow with the run by design and are figures of their own.
 
 Its last line: `<figure>_per_h=<growth per hour>` for every figure (MB for memory and disk,
 counts for the rest, seconds for the step time), then `leaks=N`. Exit 1 when a figure leaks
@@ -59,10 +62,29 @@ from harness.chaos_faults import CLUSTER_KINDS, DISK_KINDS, KINDS, Fault, inject
 from harness.chaos_proxy import FaultyProxy
 from harness.chaos_stack import Monitor, Stack
 from harness.link_proxy import LinkProxy
-from harness.soak import Growth, disk_bytes, growth, key_families, process_tree, redis_figures
+from harness.soak import (
+    Growth,
+    disk_bytes,
+    growth,
+    key_families,
+    process_tree,
+    redis_figures,
+)
 from searchr1.redis_server import RedisServer, free_port
 
 MB = 2**20
+# Redis rewrites its AOF once it has doubled since the last rewrite and is at least this big
+# (64 MB by default: hours of a soak's writes, which would read as a climb).
+AOF_REWRITE_MIN = "2mb"
+
+
+class SoakRedis(RedisServer):
+    """The stack's Redis with the AOF's rewrite threshold within a soak's reach."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--auto-aof-rewrite-min-size", AOF_REWRITE_MIN]
+
+
 NOT_HERE = {*DISK_KINDS, *(k for k in CLUSTER_KINDS if k.startswith(("cut:", "cut_oneway:")))}
 
 
@@ -136,7 +158,12 @@ def sample(
         else:
             out.add(f"redis_{key}" + ("_mb" if key == "used_memory" else ""),
                     value / MB if key == "used_memory" else value, now)  # fmt: skip
-    out.add("disk_mb", disk_bytes(run_dir) / MB, now)
+    total = 0
+    for entry in sorted(run_dir.iterdir()):  # each part apart: what a growing total is made of
+        size = disk_bytes(entry)
+        out.add(f"disk_{figure_name(entry.name)}_mb", size / MB, now)
+        total += size
+    out.add("disk_mb", total / MB, now)
     gaps = [b - a for a, b in zip(monitor.step_times[-9:], monitor.step_times[-8:], strict=False)]
     if len(gaps) >= 3:
         out.add("step_s", statistics.median(gaps), now)
@@ -176,7 +203,7 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
     run_dir = cfg.out_dir / "run-soak"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    server = RedisServer(port=free_port(), data_dir=run_dir / "redis")
+    server = SoakRedis(port=free_port(), data_dir=run_dir / "redis")
     path, data = write_run_config(chaos, demo, run_dir, (index_dir, warm, rows), server.url)
     # The chaos bench's proxies, for its refused push, retriever outage and link faults.
     engine_url = data["orchestrator"]["engine_url"]

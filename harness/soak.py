@@ -69,7 +69,13 @@ def process_tree(pid: int) -> ProcessSample | None:
 
 
 def disk_bytes(path: Path) -> int:
-    """Bytes allocated (st_blocks) under `path`, files vanishing meanwhile skipped."""
+    """Bytes allocated (st_blocks) under `path` (a directory, or a file), files vanishing
+    meanwhile skipped."""
+    if not path.is_dir():
+        try:
+            return path.stat().st_blocks * 512
+        except OSError:
+            return 0
     total = 0
     stack = [str(path)]
     while stack:

@@ -135,6 +135,7 @@ def test_disk_bytes_counts_allocated_blocks_below_a_directory(tmp_path: Path) ->
     (tmp_path / "small").write_bytes(b"y" * 10)
     assert 2**20 <= disk_bytes(tmp_path) < 2**20 + 64 * 1024
     assert disk_bytes(tmp_path / "missing") == 0
+    assert 0 < disk_bytes(tmp_path / "small") < 64 * 1024  # a file: its own blocks
 
 
 def test_redis_figures_read_memory_keys_and_stream_lengths(redis_server: RedisServer) -> None:
