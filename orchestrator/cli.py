@@ -36,6 +36,7 @@ from orchestrator.wiring import (
     validation_prompts,
 )
 from searchr1.cli_common import ConfigOption, add_show_config, start_service
+from searchr1.service import exit_cleanly_after_shutdown
 
 app = typer.Typer(
     help="Multi-turn search rollouts, rewards, and the trajectory stream into Redis.",
@@ -116,6 +117,7 @@ def run(
             )
     except (HookError, DataError) as e:
         raise _fail(str(e)) from None
+    exit_cleanly_after_shutdown()  # SIGTERM: stop rolling out, shut down, exit 0
     raise typer.Exit(asyncio.run(serve(orch, cfg.run, cfg.redis.url, cfg.bus, fresh=fresh)))
 
 
