@@ -133,3 +133,8 @@ def test_chart_containers_config(name: str, no_env: None) -> None:
                     env, _ = stack._k8s_env(c)
                     containers[f"{doc['kind']}/{doc['metadata']['name']}/{c['name']}"] = env
     _check(f"deploy-{name}.yaml", _deployment(merged.get("config") or {}, containers))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_each_shipped_config_loads(path: Path, no_env: None) -> None:
+    stack.load_with_env({}, path)  # a snapshot may hold an error; a shipped config may not
