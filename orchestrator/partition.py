@@ -19,7 +19,8 @@ check (`orchestrator.markers.RunMarkers.published`) skips the group entirely whe
 written.
 
 Keys (under the run's prefix): `claims:<step>` (sorted set), `owners:<step>` (hash: group id ->
-worker id), `seeded:<step>` (the step's set was filled once; an empty set then means done).
+worker id), `seeded:<step>` (the step's set was filled once; an empty set then means done; kept
+for the last `SEEDED_KEPT` steps).
 """
 
 from __future__ import annotations
@@ -50,10 +51,18 @@ CLAIMS_LOST = Counter(
 )
 
 
-# KEYS: claims, seeded; ARGV: group ids. Fills the step's set once (the first process to come).
+# Steps whose `seeded` marker is kept: more than the steps a run has in flight (async: two).
+# Older ones go, or one key a step piles up for the whole run (bench/soak.py). None is needed:
+# a restart resumes at the lowest unfinished step (one coming to an older step would seed it
+# again and skip its published groups).
+SEEDED_KEPT = 8
+
+# KEYS: claims, seeded, the seeded marker SEEDED_KEPT steps back; ARGV: group ids. Fills the
+# step's set once (the first process to come) and drops that old marker.
 _SEED = """
 if redis.call('SET', KEYS[2], '1', 'NX') then
   for i = 1, #ARGV do redis.call('ZADD', KEYS[1], 0, ARGV[i]) end
+  if KEYS[3] then redis.call('DEL', KEYS[3]) end
   return 1
 end
 return 0
@@ -197,8 +206,9 @@ class StepClaims:
         finished by some process; returns the results of this process's groups. `drained` is
         set once a claim finds nothing left (every group is claimed, some maybe still running)."""
         claims, owners, seeded = self._keys(step)
+        retired = self._keys(step - SEEDED_KEPT)[2]
         if await self._call(
-            "partition_seed", lambda: self._seed(keys=[claims, seeded], args=group_ids)
+            "partition_seed", lambda: self._seed(keys=[claims, seeded, retired], args=group_ids)
         ):
             log.info("step seeded", extra={"step": step, "groups": len(group_ids)})
         else:

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from orchestrator.config import PartitionConfig
-from orchestrator.partition import CLAIMS_LOST, RECLAIMED, StepClaims
+from orchestrator.partition import CLAIMS_LOST, RECLAIMED, SEEDED_KEPT, StepClaims
 from searchr1.redis_retry import RedisRetry, connect
 
 IDS = [f"run/0/p{i}" for i in range(12)]
@@ -183,3 +183,21 @@ async def test_forget_lets_a_new_run_seed_the_step_again(redis) -> None:  # type
     await w.forget()
     assert not await w.done(0)
     assert len(await w.run_step(0, IDS[:2], run)) == 2
+
+
+async def test_a_long_run_keeps_the_markers_of_its_last_steps_only(redis) -> None:  # type: ignore[no-untyped-def]
+    """Each step's `seeded` marker used to stay for the whole run: bench/soak.py's Redis grew by
+    one key a step. The last SEEDED_KEPT steps keep theirs (a process joining one of them finds
+    it done)."""
+    w = claims(redis, "w")
+
+    async def run(gid: str) -> str:
+        return gid
+
+    for step in range(40):
+        assert len(await w.run_step(step, [f"run/{step}/p{i}" for i in range(3)], run)) == 3
+    keys = sorted([k.decode() async for k in redis.scan_iter(match="t:partition:*")])
+    assert keys == [f"t:partition:seeded:{s}" for s in sorted(range(40 - SEEDED_KEPT, 40), key=str)]
+    late = claims(redis, "late")
+    for step in range(40 - SEEDED_KEPT, 40):
+        assert await late.run_step(step, [f"run/{step}/p0"], run) == []
