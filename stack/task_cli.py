@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine_client.client import GenerateResult
-from orchestrator.config import RewardConfig, RolloutConfig, SearchConfig, TaskConfig
+from orchestrator.config import ActionFormat, RewardConfig, RolloutConfig, SearchConfig, TaskConfig
 from orchestrator.formats.environment import EnvTurns
 from orchestrator.hooks import HookError
 from orchestrator.rollout import Rollout
@@ -29,6 +29,7 @@ from orchestrator.scoring import Scorer
 from orchestrator.tasks.base import SPLITS, Task
 from orchestrator.tasks.registry import BUILTIN_TASKS, load_task, task_rows
 from orchestrator.tokenizer import rust_tokenizer
+from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Toolbox
 from searchr1.dotted import load_object
@@ -87,16 +88,33 @@ class NoRetriever:
         return False
 
 
-def scripted_rollout(task: Task, tokenizer: Any, messages: list[str], max_turns: int) -> Rollout:
-    """The rollout loop over `task` with a scripted policy playing `messages`."""
+def scripted_rollout(
+    task: Task, tokenizer: Any, messages: list[str], max_turns: int, tools: Toolbox | None = None
+) -> Rollout:
+    """The rollout loop over `task` with a scripted policy playing `messages`. A tool task's
+    search has no retriever (it fails at once); its other tools are `tools`' (the task's own:
+    `task_toolbox`), none by default."""
     cfg = RolloutConfig(max_turns=max_turns)
     policy = ScriptedPolicy(tokenizer, messages)
     if task.loop_tools is None:
         env = EnvTurns(task, tokenizer, TaskConfig(name=task.name).limits)
         return Rollout(cfg, policy, Toolbox([]), tokenizer, env=env)
-    search = SearchConfig(limits={"max_attempts": 1, "timeout_s": 1.0, "breaker_max_wait_s": 1.0})
     cfg = cfg.model_copy(update={"action_format": task.loop_tools.action_format})
-    return Rollout(cfg, policy, SearchTool(NoRetriever(), search), tokenizer)
+    return Rollout(cfg, policy, tools or offline_search(), tokenizer)
+
+
+def offline_search() -> SearchTool:
+    """Search without a retriever: one attempt, failing at once."""
+    limits = {"max_attempts": 1, "timeout_s": 1.0, "breaker_max_wait_s": 1.0}
+    return SearchTool(NoRetriever(), SearchConfig(limits=limits))
+
+
+async def task_toolbox(task: Task) -> Toolbox | None:
+    """A function-calling task's tools as it configures them (an MCP server is started),
+    search offline; None for other tasks. Close it with `aclose()`."""
+    if task.loop_tools is None or task.loop_tools.action_format != ActionFormat.FUNCTION_CALLING:
+        return None
+    return await build_toolbox(task.loop_tools.tools, offline_search())
 
 
 def print_sample(tokenizer: Any, s: Sample) -> None:
@@ -154,15 +172,19 @@ def check(
         tokenizer = rust_tokenizer(AutoTokenizer.from_pretrained(tokenizer_path))
     typer.echo(f"task {task.name}: {len(rows)} {split} rows; row {prompt.prompt_id}:")
     typer.echo(json.dumps(prompt.messages, indent=1))
-    rollout = scripted_rollout(task, tokenizer, messages, max_turns)
-    [sample] = new_group(
-        prompt, rollout.prompt_ids(prompt.messages), group_size=1, rollout_step=0, run_id="check"
-    )
 
-    async def play() -> None:
-        await rollout.run_sample(sample)
-        if rollout.env is None:  # a tool task: scored by orchestrator.reward (EM by default)
-            await Scorer(RewardConfig()).score_group([sample])
+    async def play() -> Sample:
+        tools = await task_toolbox(task)
+        try:
+            rollout = scripted_rollout(task, tokenizer, messages, max_turns, tools)
+            [sample] = new_group(prompt, rollout.prompt_ids(prompt.messages), group_size=1,
+                                 rollout_step=0, run_id="check")  # fmt: skip
+            await rollout.run_sample(sample)
+            if rollout.env is None:  # a tool task: scored by orchestrator.reward (EM by default)
+                await Scorer(RewardConfig()).score_group([sample])
+            return sample
+        finally:
+            if tools is not None:
+                await tools.aclose()
 
-    asyncio.run(play())
-    print_sample(tokenizer, sample)
+    print_sample(tokenizer, asyncio.run(play()))

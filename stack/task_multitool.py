@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +29,14 @@ from typing import Any
 from orchestrator.formats.function_calling import ToolTurns
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
+from orchestrator.tasks.multi_tool import MCP_CALCULATOR, calculator_command, calculator_tool
 from orchestrator.tools.search import SearchTool
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
 from stack.demo_world import PROFESSIONS, _unique_words
 
-TASK = "multi-tool"
+TASK = "multi-tool"  # orchestrator/tasks/multi_tool.py
 DATA_SOURCE = "synthetic_years"
 YEARS = (1900, 1999)
-CALCULATOR_SERVER = "mcp-server-calculator"  # PyPI's MCP calculator; its tool: calculate
-MCP_CALCULATOR = "calculate"
 # GRPO steps of the demo: after the 1,000-step copy phase the mean reward was 0.61 by step 3
 # and 0.70 at step 12, held-out EM 0.000 -> 0.886 in 13 minutes (docs/benchmarks.md).
 RL_STEPS = 12
@@ -151,21 +148,10 @@ def make_years_row(q: YearsQuestion, index: int) -> dict[str, Any]:
 
 
 def calculator_tool_config() -> tuple[dict[str, Any], str]:
-    """(the `rollout.tools` entry of the calculator, the name the policy calls it by): PyPI's
-    `mcp-server-calculator` over stdio, installed next to this interpreter or on PATH.
-
-    Without it the demo refuses to start, naming the package: it used to fall back to the
-    built-in calculator silently, so a user could not tell which tool the policy learned."""
-    beside = Path(sys.executable).parent / CALCULATOR_SERVER
-    command = str(beside) if beside.exists() else shutil.which(CALCULATOR_SERVER)
-    if not command:
-        raise FileNotFoundError(
-            f"the multi-tool task needs the MCP server {CALCULATOR_SERVER!r} (PyPI "
-            f"mcp-server-calculator; it needs mcp<2: `pip install mcp-server-calculator`, or "
-            f"`python3 dev.py setup`, which installs it) next to {sys.executable} or on PATH"
-        )
-    entry = {"name": "calc", "mcp": {"command": [command], "include": [MCP_CALCULATOR]}}
-    return entry, MCP_CALCULATOR
+    """(the `rollout.tools` entry of the calculator, the name the policy calls it by): the
+    multi-tool task's (orchestrator/tasks/multi_tool.py), which refuses to start without
+    PyPI's `mcp-server-calculator`, naming it."""
+    return calculator_tool(calculator_command()), MCP_CALCULATOR
 
 
 def apply_to_stack_config(data: dict[str, Any], calculator: dict[str, Any]) -> None:

@@ -91,8 +91,9 @@ class Task(ABC):
     # What the engine stops on. None: the end of the model's turn (its end-of-turn token), so
     # each message reaches the environment whole; a tag format lists its closing tags.
     stop: ClassVar[list[str] | None] = None
-    # Set for tasks whose environment is the loop's tools (Search-R1, multi-tool).
-    loop_tools: ClassVar[LoopTools | None] = None
+    # Set for tasks whose environment is the loop's tools (Search-R1, multi-tool); per instance
+    # where the tools depend on the options (multi-tool's calculator command).
+    loop_tools: LoopTools | None = None
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.options = dict(options or {})

@@ -17,6 +17,7 @@ from orchestrator.tasks.base import Split, Task
 # name -> dotted path: built-ins load like user tasks (only the chosen one is imported).
 BUILTIN_TASKS: dict[str, str] = {
     "search-r1": "orchestrator.tasks.search_r1:SearchR1Task",
+    "multi-tool": "orchestrator.tasks.multi_tool:MultiToolTask",
     "guess-number": "orchestrator.tasks.guess_number:GuessNumberTask",
     "reasoning-gym": "orchestrator.tasks.reasoning_gym:ReasoningGymTask",
     "skyrl-gym": "orchestrator.tasks.skyrl_gym:SkyRLGymTask",
@@ -41,7 +42,7 @@ def load_task(cfg: TaskConfig) -> Task:
     make = load_hook(task_path(cfg.name), field=FIELD, n_args=1, is_async=False)
     try:
         task = make(dict(cfg.options))
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, OSError) as e:  # OSError: a missing program, file
         raise HookError(f"orchestrator.task.options ({cfg.name}): {e}") from e
     if not isinstance(task, Task):
         raise HookError(

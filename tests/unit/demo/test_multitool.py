@@ -20,6 +20,7 @@ from orchestrator.rewards import components
 from orchestrator.rollout import Rollout
 from orchestrator.rollout_log import mask_runs
 from orchestrator.sample import Prompt, Status, new_group
+from orchestrator.tasks.multi_tool import CALCULATOR_SERVER
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.search import SearchTool
@@ -98,7 +99,7 @@ def test_the_stack_settings_name_both_tools_in_the_function_calling_format() -> 
     assert cfg.reward.function == "em"
     # mcp-server-calculator is installed with the dev dependencies: the demo uses it
     assert name == mt.MCP_CALCULATOR and calc["mcp"]["include"] == [mt.MCP_CALCULATOR]
-    assert Path(calc["mcp"]["command"][0]).name == mt.CALCULATOR_SERVER
+    assert Path(calc["mcp"]["command"][0]).name == CALCULATOR_SERVER
 
 
 @pytest.fixture(scope="module")
@@ -252,15 +253,64 @@ def test_without_the_mcp_calculator_the_task_refuses_to_start_naming_it(
     """It used to fall back to the built-in calculator, silently."""
     from typer.testing import CliRunner
 
+    from orchestrator.config import TaskConfig
+    from orchestrator.hooks import HookError
+    from orchestrator.tasks import multi_tool
+    from orchestrator.tasks.registry import load_task
     from stack import cli
 
-    monkeypatch.setattr(mt.sys, "executable", str(tmp_path / "python"))
-    monkeypatch.setattr(mt.shutil, "which", lambda name: None)
+    monkeypatch.setattr(multi_tool.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(multi_tool.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="mcp-server-calculator"):
         mt.calculator_tool_config()
+    task = TaskConfig(name="multi-tool", options={"train_path": str(tmp_path / "t.jsonl")})
+    with pytest.raises(HookError, match=r"orchestrator\.task\.options.*mcp-server-calculator"):
+        load_task(task)
     out = tmp_path / "o"
     result = CliRunner().invoke(
         cli.app, ["demo", "--quick", "--out", str(out), "--task", "multi-tool"]
     )
     assert result.exit_code == 2 and "mcp-server-calculator" in result.output
     assert not out.exists()
+
+
+def test_multi_tool_is_a_built_in_task_that_serves_search_and_the_mcp_calculator(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Issue 42: the multi-tool task lived only in the demo; now it is a built-in Task: its
+    rows, its tools (search + the MCP calculator) in function calling, a demonstration that
+    `searchr1 task check multi-tool` plays."""
+    import asyncio
+
+    from orchestrator.config import TaskConfig
+    from orchestrator.tasks.registry import load_task
+    from stack.task_cli import scripted_rollout, task_toolbox
+
+    paths = mt.write_years_world(mt.generate_years_world(0, n_people=20, n_questions=30), tmp_path)
+    options = {"train_path": str(paths["train"]), "val_path": str(paths["test"])}
+    task = load_task(TaskConfig(name="multi-tool", options=options))
+    assert task.loop_tools is not None and task.loop_tools.action_format == "function_calling"
+    search, calc = task.loop_tools.tools
+    assert search.name == "search" and calc.mcp is not None
+    assert Path(calc.mcp.command[0]).name == CALCULATOR_SERVER
+    assert calc.mcp.include == [mt.MCP_CALCULATOR]
+    prompt = task.rows("train")[0]
+    assert task.rows("eval") and prompt.golds
+    messages = task.demonstration(prompt)
+    assert len(messages) == 3 and f"<answer> {prompt.golds[0]} </answer>" == messages[-1]
+
+    async def play() -> Any:
+        tools = await task_toolbox(task)  # the real MCP calculator; search without a retriever
+        assert tools is not None and tools.names == ["search", mt.MCP_CALCULATOR]
+        try:
+            rollout = scripted_rollout(task, rust_tokenizer(tokenizer), messages, 3, tools)
+            [sample] = new_group(prompt, rollout.prompt_ids(prompt.messages), group_size=1,
+                                 rollout_step=0, run_id="t")  # fmt: skip
+            return await rollout.run_sample(sample)
+        finally:
+            await tools.aclose()
+
+    sample = asyncio.run(play())
+    assert [t.action for t in sample.turns] == ["tool", "tool", "answer"]
+    assert sample.status == Status.ANSWERED
+    assert sample.turns[1].tool_calls[0].result == prompt.golds[0]  # the calculator answered
