@@ -167,10 +167,14 @@ def bounds(
     split: tuple[int, int], cost: EngineCost, trainer_tok_s: float,
 ) -> Bounds:  # fmt: skip
     """Per step: `generated` decoded and `prefill` prefilled tokens (uncached) over `split[0]`
-    engines at the batch the step offers them; `train_tokens` over `split[1]` trainer GPUs."""
+    engines at the batch the step offers them; `train_tokens` over `split[1]` trainer GPUs.
+    A decoding request holds its call's `context` and, on average, half of what it generates
+    (a sample's generation counted as one call's: exact for one call, a little high for more;
+    it sets the KV read, which long generations dominate)."""
     engines, trainers = split
     batch = max(1, min(cost.max_running, samples // engines))
-    decode_s = generated / (engines * cost.decode_tokens_per_s(batch, context))
+    held = context + generated / max(samples, 1) / 2
+    decode_s = generated / (engines * cost.decode_tokens_per_s(batch, held))
     prefill_s = prefill / (engines * cost.prefill_tokens_per_s)
     push = cost.push_s()
     return Bounds(decode_s + prefill_s, train_tokens / (trainers * trainer_tok_s) + push, push)
