@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, WithJsonSchema, field_validator
 
-from inference.engine import REJECTED, EngineOverloaded, EngineStopped, TorchEngine
+from inference.engine import TorchEngine
 from inference.memory import MemoryReleased
 from inference.sampling import (
     MAX_STOP_CHARS,
@@ -29,6 +29,7 @@ from inference.sampling import (
     SamplingParams,
     check_text,
 )
+from inference.scheduler import REJECTED, EngineOverloaded, EngineStopped
 from inference.tensor_update import parse_handover
 from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
 from searchr1.weightsync.protocol import Bucket, GroupDestroy, GroupJoin

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from inference.config import TorchEngineConfig
-from inference.engine import EngineOverloaded, TorchEngine
+from inference.engine import TorchEngine
 from inference.sampling import SamplingParams
+from inference.scheduler import EngineOverloaded
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,10 @@ async def until(check: object, what: str, timeout_s: float = 60) -> None:
 
 async def test_release_refused_while_a_request_runs(engine: TorchEngine) -> None:
     task = asyncio.create_task(engine.generate(PROMPT, long(3000)))
-    await until(lambda: engine._running and engine._running[0].output_ids, "a running request")
+    await until(
+        lambda: engine.scheduler.running and engine.scheduler.running[0].output_ids,
+        "a running request",
+    )
     with pytest.raises(ValueError, match="idle engine"):
         await engine.release_memory(None)
     assert engine.memory.serving
@@ -67,12 +70,15 @@ async def test_retracted_request_waits_out_a_release_and_ends_on_new_weights(
     engine: TorchEngine, tiny_model_dir: Path
 ) -> None:
     task = asyncio.create_task(engine.generate(PROMPT, long(40)))
-    await until(lambda: engine._running and engine._running[0].output_ids, "a running request")
+    await until(
+        lambda: engine.scheduler.running and engine.scheduler.running[0].output_ids,
+        "a running request",
+    )
     await engine.pause("retract")
     await engine.release_memory(None)  # paused: the retracted request may wait
     await engine.resume()  # continue_generation: still held, nothing to run on
     await engine.run_command(lambda: None)  # a scheduler pass went by
-    assert not task.done() and len(engine._waiting) == 1
+    assert not task.done() and len(engine.scheduler.waiting) == 1
     await engine.resume_memory(None)
     await engine.run_command(lambda: None)
     assert not task.done() and engine.memory.awaiting_weights
