@@ -15,7 +15,13 @@ import sys
 import urllib.error
 import urllib.request
 
-DEFAULT_PORTS = {"retriever": 8000, "inference": 30000, "orchestrator": 8100, "trainer": 8200}
+DEFAULT_PORTS = {
+    "retriever": 8000,
+    "inference": 30000,
+    "orchestrator": 8100,
+    "trainer": 8200,
+    "gateway": 8300,
+}
 
 
 def port_of(service: str) -> int:

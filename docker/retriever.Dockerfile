@@ -6,7 +6,7 @@
 #       --build-arg BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime .
 # Built by the engine's own BuildKit (DOCKER_BUILDKIT=1 or buildx): no `# syntax=` line, so no
 # frontend image is fetched from a registry. Everything above the service's ENV lines is the
-# same in all four Dockerfiles: on one base the images share every layer (one venv on disk).
+# same in every Dockerfile: on one base the images share every layer (one venv on disk).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS deps

@@ -5,7 +5,7 @@
 # A CPU image (the compose `cpu` profile): --build-arg BASE_IMAGE=python:3.11-slim-bookworm
 # Built by the engine's own BuildKit (DOCKER_BUILDKIT=1 or buildx): no `# syntax=` line, so no
 # frontend image is fetched from a registry. Everything above the service's ENV lines is the
-# same in all four Dockerfiles (on one base the images share every layer: one venv on disk),
+# same in every Dockerfile (on one base the images share every layer: one venv on disk),
 # except the trainer's extras: the `extras` stage and one small layer above the shared venv.
 # TRAINER_EXTRAS (pyproject extras, comma-separated; default `megatron`, the Megatron-Core
 # backend, `trainer.backend: megatron`; empty: none).

@@ -7,10 +7,12 @@ factory), never from a hand-kept list.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -28,10 +30,15 @@ VALUES_FILES = {
     "default": None,
     "cluster": CHART / "values-cluster.yaml",
     "cpu": CHART / "values-cpu.yaml",
+    "gateway": CHART / "values-gateway.yaml",
 }
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKER = ROOT / "docker"
 SERVICES = ("retriever", "inference", "orchestrator", "trainer")
+# Deployed on request (compose profile `gateway`, chart `gateway.enabled`), with an image of its
+# own like the others.
+OPTIONAL_SERVICES = ("gateway",)
+IMAGES = SERVICES + OPTIONAL_SERVICES
 
 # Values the tests substitute for secrets and `${VAR}` interpolations.
 FAKE_SECRET = "s3cret-Value_1"
@@ -117,7 +124,65 @@ def inference_paths() -> frozenset[str]:
 
 def default_ports() -> dict[str, int]:
     cfg = load_with_env({})  # the models' defaults, whatever this shell exports
-    return {s: getattr(cfg, s).http.port for s in SERVICES}
+    return {s: getattr(cfg, s).http.port for s in IMAGES}
+
+
+def _module_file(module: str) -> Path | None:
+    path = ROOT.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(module: str, path: Path) -> set[str]:
+    """Every name an `import` of the module's source names, lazy ones (in functions) too."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package upwards
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
+    return out
+
+
+@cache
+def import_closure(*start: str) -> tuple[frozenset[str], frozenset[str]]:
+    """What running the `start` modules can import: (first-party modules, top-level names of
+    third-party ones). Follows this repository's modules transitively, by their source (nothing
+    is imported); the standard library is left out."""
+    first_party = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    seen: set[str] = set()
+    third: set[str] = set()
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        path = _module_file(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        for name in _imported_names(module, path):
+            top = name.split(".")[0]
+            if top in first_party:
+                parts = name.split(".")
+                todo += [".".join(parts[: i + 1]) for i in range(len(parts))]
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                third.add(top)
+    return frozenset(seen), frozenset(third)
+
+
+def service_imports(service: str) -> tuple[frozenset[str], frozenset[str]]:
+    """`import_closure` of what `searchr1 <service> ...` runs: the console script's module and
+    the service's CLI (stack.cli imports a sub-command's app only when it runs)."""
+    from stack.cli import COMMANDS
+
+    return import_closure("stack.cli", COMMANDS[service].split(":")[0])
 
 
 class CliError(ValueError):

@@ -74,15 +74,26 @@ def test_each_service_is_reached_only_by_its_callers(values: str) -> None:
     # The weight group (NCCL's own sockets) and the admin routes: the trainer only.
     assert engine.pop("trainer") == {None}
     http = {v["inference"]["port"]}
-    expected = {"orchestrator": http} | (
-        {"router": http} if v["inference"]["router"]["enabled"] else {}
+    router, gateway = v["inference"]["router"]["enabled"], v["gateway"]["enabled"]
+    # The gateway calls the engines through the router when there is one.
+    expected = (
+        {"orchestrator": http}
+        | ({"router": http} if router else {})
+        | ({"gateway": http} if gateway and not router else {})
     )
     assert engine == expected
     # Torchrun's rendezvous and the weight group's master port live on the trainer pods.
     assert _callers(policies["trainer"]) == {"trainer": {None}, "inference": {None}}
     assert _callers(policies["orchestrator"]) == {}
     redis = {v["redis"]["port"]}
-    assert _callers(policies["redis"]) == {"orchestrator": redis, "trainer": redis}
+    assert _callers(policies["redis"]) == {"orchestrator": redis, "trainer": redis} | (
+        {"gateway": redis} if gateway else {}
+    )
+    if router:
+        proxy = {v["inference"]["router"]["port"]}
+        callers = {"orchestrator": proxy, "trainer": proxy}
+        assert _callers(policies["router"]) == callers | ({"gateway": proxy} if gateway else {})
+    assert ("gateway" in policies) == gateway
 
 
 def test_metrics_peers_reach_every_http_port_and_policies_can_be_off() -> None:

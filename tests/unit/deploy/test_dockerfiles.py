@@ -50,7 +50,65 @@ def test_dockerignore_matcher_can_fail() -> None:
 
 
 def test_one_dockerfile_per_service() -> None:
-    assert {p.stem for p in DOCKERFILES} == set(stack.SERVICES)
+    assert {p.stem for p in DOCKERFILES} == set(stack.IMAGES)
+
+
+def _copied_packages(path: Path) -> set[str]:
+    """Top-level directories the build stages COPY into /src (what the wheel is built from)."""
+    out = set()
+    for ins, rest in stack.parse_dockerfile(path, final_stage_only=False).instructions:
+        *sources, dest = rest.split()
+        if ins == "COPY" and dest.startswith("/src/") and not rest.startswith("--"):
+            out |= {s.rstrip("/") for s in sources if (stack.ROOT / s).is_dir()}
+    return out
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
+def test_the_image_holds_every_package_its_service_imports(path: Path) -> None:
+    """`searchr1 <service>` runs stack.cli, then the service's CLI: every package of this
+    repository they can import (transitively, lazy imports too) is copied into the build and
+    passes .dockerignore."""
+    modules, _ = stack.service_imports(path.stem)
+    packages = {m.split(".")[0] for m in modules}
+    assert {"stack", "searchr1", path.stem} <= packages
+    missing = packages - _copied_packages(path)
+    assert not missing, f"{path.name} does not COPY {sorted(missing)}"
+    for pkg in packages:
+        assert not _dockerignored(f"{pkg}/__init__.py"), f"{pkg} is excluded by .dockerignore"
+
+
+def test_the_import_closure_can_fail(tmp_path: Path) -> None:
+    """The closure follows lazy and relative imports: without them the gateway would seem to
+    need no tokenizer, and gateway.core none of its siblings."""
+    modules, third = stack.service_imports("gateway")
+    assert {"gateway.wiring", "gateway.core", "engine_client.client"} <= modules
+    assert {"transformers", "fastapi", "redis"} <= third  # transformers: imported in a function
+    df = tmp_path / "gateway.Dockerfile"
+    df.write_text((stack.DOCKER / "gateway.Dockerfile").read_text().replace(
+        "COPY engine_client /src/engine_client\n", ""))  # fmt: skip
+    assert "engine_client" not in _copied_packages(df)
+
+
+@pytest.mark.parametrize("service", ["gateway", "orchestrator"])
+def test_the_cpu_image_installs_what_its_service_imports(service: str) -> None:
+    """On the python base the deps stage installs the lock's entries for pyproject.toml's
+    runtime dependencies (install-deps.sh): every third-party package the service's code can
+    import is among them (not only in an extra, or merely present in this venv)."""
+    from importlib.metadata import packages_distributions
+
+    req = _load("requirements")
+    pyproject, lock = stack.ROOT / "pyproject.toml", stack.ROOT / "requirements.lock"
+    installed = {
+        req.requirement_name(line)
+        for line in req.locked(lock, req.dependencies(pyproject))
+        if not line.lstrip().startswith("--")
+    }
+    dists = packages_distributions()
+    _, third = stack.service_imports(service)
+    for name in sorted(third):
+        assert name in dists, f"{service} imports {name}, which no installed package provides"
+        provided = {req.canonical(d) for d in dists[name]}
+        assert provided & installed, f"{service} imports {name} ({provided}): not in the image"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=IDS)
@@ -121,9 +179,9 @@ def _shared_layers(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def test_the_four_images_share_every_layer() -> None:
+def test_the_images_share_every_layer() -> None:
     """On one base (the compose `cpu` profile) the images differ only in metadata and the
-    trainer's extras layer, so the venv is stored once, not four times."""
+    trainer's extras layer, so the venv is stored once, not once per image."""
     first = _shared_layers(DOCKERFILES[0])
     assert any("COPY --from=deps /opt/venv" in f"{i} {r}" for i, r in first)
     for path in DOCKERFILES[1:]:
@@ -285,6 +343,6 @@ def test_the_copied_context_builds_the_package(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "w").glob("searchr1-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for pkg in stack.SERVICES:
+    for pkg in stack.IMAGES:
         assert f"{pkg}/cli.py" in names
     assert {"protos/trajectory.proto", "stack/cli.py"} <= names

@@ -26,7 +26,11 @@ IDS = [c.where for c in CONTAINERS]
 def test_every_service_is_deployed_by_compose_and_chart() -> None:
     for where in ("compose", "k8s/default", "k8s/cluster"):
         services = {c.service for c in CONTAINERS if c.where.startswith(where)}
-        assert services == set(stack.SERVICES), where
+        # The gateway: in compose under its profile; in the chart only when enabled.
+        optional = set(stack.OPTIONAL_SERVICES) if where == "compose" else set()
+        assert services == set(stack.SERVICES) | optional, where
+    gateway = {c.service for c in CONTAINERS if c.where.startswith("k8s/gateway:")}
+    assert "gateway" in gateway and "orchestrator" not in gateway
 
 
 @pytest.mark.parametrize("c", CONTAINERS, ids=IDS)
@@ -113,6 +117,8 @@ def test_compose_urls_point_at_services_and_ports() -> None:
             urls.append(cfg.redis.url)
         if c.service == "orchestrator":
             urls += [cfg.orchestrator.engine_url, cfg.orchestrator.search.retriever_url]
+        if c.service == "gateway":
+            urls.append(cfg.gateway.engine_url)
         if c.service == "trainer":
             urls += cfg.trainer.weight_push.engine_urls
             assert cfg.trainer.weight_push.master_addr in targets, c.where
@@ -150,6 +156,8 @@ def test_chart_urls_point_at_services_and_ports(values: str) -> None:
         if c.service == "orchestrator":
             check(cfg.orchestrator.engine_url, c.where)
             check(cfg.orchestrator.search.retriever_url, c.where)
+        if c.service == "gateway":
+            check(cfg.gateway.engine_url, c.where)
         if c.service == "trainer":
             wp = cfg.trainer.weight_push
             urls = wp.engine_urls
