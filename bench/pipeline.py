@@ -155,7 +155,7 @@ def configs(
     shape: Shape, mode: str, args: argparse.Namespace, paths: dict[str, Path], urls: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     kind, staleness = MODES[mode]
-    run_id = f"pipebench-{os.getpid()}-{shape.name}-{mode}"
+    run_id = f"pipebench-{os.getpid()}-{shape.name}-{mode}{args.run_suffix}"
     per_step = shape.samples
     shared = {
         "redis": {"url": args.redis_url},
@@ -232,13 +232,14 @@ def run_mode(
     orch_cfg, trainer_cfg = configs(shape, mode, args, paths, urls)
     for kind in ("engine", "retriever"):
         httpx.post(f"{urls[kind]}/sim/reset", timeout=10).raise_for_status()
-    tcfg, ocfg = tmp / f"{shape.name}-{mode}-trainer.yaml", tmp / f"{shape.name}-{mode}-orch.yaml"
+    name = f"{shape.name}-{mode}{args.run_suffix}"  # a repeat's files and run id are its own
+    tcfg, ocfg = tmp / f"{name}-trainer.yaml", tmp / f"{name}-orch.yaml"
     tcfg.write_text(yaml.safe_dump(trainer_cfg))
     ocfg.write_text(yaml.safe_dump(orch_cfg))
     jsonl = Path(trainer_cfg["trainer"]["metrics_jsonl"])
     cost = json.dumps({"gpus": split[1], "time_scale": scale, "token_unit": shape.token_unit,
                        "tokens_per_s_per_gpu": shape.trainer_tok_s})  # fmt: skip
-    log = tmp / f"{shape.name}-{mode}-trainer.log"
+    log = tmp / f"{name}-trainer.log"
     procs = [
         start([py, "-m", "stack.cli", "trainer", "run", "--config", str(tcfg)], log,
               {"SEARCHR1_SIM_TRAINER": cost})
@@ -247,7 +248,7 @@ def run_mode(
         cmd = [py, "-m", "stack.cli", "orchestrator", "run", "--config", str(ocfg)]
         env = {"SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID": f"orch-{i}"}
         cmd += ["--port", str(next(PORTS))]
-        procs.append(start(cmd, tmp / f"{shape.name}-{mode}-orch-{i}.log", env))
+        procs.append(start(cmd, tmp / f"{name}-orch-{i}.log", env))
     ps = [psutil.Process(p.pid) for p in procs]
     cpu: dict[int, float] = {}
     snaps: list[tuple[dict[str, Any], dict[str, Any], float, float]] = []
@@ -278,7 +279,7 @@ def run_mode(
         forget(args.redis_url, orch_cfg["run"]["id"])
     result = summarize(mode, snaps, args.warmup, split, scale, shape.token_unit)
     result.search_s = retriever["latency_s"] / max(retriever["served"], 1)
-    lines = (tmp / f"{shape.name}-{mode}-orch-0.log").read_text().splitlines()
+    lines = (tmp / f"{name}-orch-0.log").read_text().splitlines()
     for k, v in rollout_steps(lines, args.warmup, scale).items():
         setattr(result, k, v)
     return result
@@ -382,6 +383,7 @@ def run_shape(
                     sims, urls = start_sims(shape, mode_split[0], scale, args, paths)
                     running = mode_split
                 t0 = time.monotonic()
+                args.run_suffix = f"-r{repeat + 1}" if repeat else ""
                 r = run_mode(shape, mode, mode_split, scale, args, paths, urls)
                 r.bounds = bounds(r.generated, r.prefill, r.context, r.train_tokens,
                                   shape.samples, mode_split, cost, shape.trainer_tok_s)  # fmt: skip
@@ -510,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         "--redis-url", default="redis://127.0.0.1:6379/0", help="the bus (this run's own streams)"
     )
     args = p.parse_args(argv)
+    args.run_suffix = ""  # "-r2", ... for a repeat (run_shape)
     # SIGTERM unwinds like Ctrl-C: every process this bench started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
