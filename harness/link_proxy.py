@@ -11,7 +11,9 @@ made in userspace: every connection to the proxy is forwarded to the upstream, a
   or an answer lost half way);
 - `stall`: `"up"` (client to upstream), `"down"` or `"both"`: nothing is delivered that way
   while it lasts; connections stay open, reads just wait (a one-way or two-way partition
-  whose TCP connections neither close nor answer).
+  whose TCP connections neither close nor answer). `"both"` is a silent cut as a client sees
+  it, except that a new connection still completes its handshake with the proxy (a dropped
+  SYN and the kernel's own resend timers: hosts of their own, `harness.netns`).
 
 Runs an asyncio loop on a thread of the calling process. Counts what it did (`stats`).
 """

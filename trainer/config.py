@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from searchr1.sections import HttpConfig, Section
-from searchr1.settings import ServiceSettings
+from searchr1.sections import EnginesConfig, HttpConfig, Section
+from searchr1.settings import ServiceSettings, given_value, with_value
 from trainer.backends.megatron.config import MegatronConfig
 from trainer.backends.registry import BACKENDS
 
@@ -168,7 +168,11 @@ class PushMode(StrEnum):
 class WeightPushConfig(Section):
     mode: PushMode = PushMode.NONE
     every_steps: int = Field(default=1, ge=1)
-    engine_urls: list[str] = Field(default_factory=list)
+    engine_urls: list[str] = Field(
+        default_factory=list,
+        description="Where the pushes go. Left out: the stack's engines.urls (every engine); "
+        "named: these instead (the engines as this trainer reaches them, e.g. through a proxy).",
+    )
     master_addr: str = "127.0.0.1"
     master_port: int = Field(
         default=29600,
@@ -213,6 +217,17 @@ class WeightPushConfig(Section):
         "on while the engines serve old weights (sync rollouts would wait for them forever).",
     )
     retry_backoff_s: float = Field(default=1.0, gt=0)
+    timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="mode distributed: each step of a push finishes within this or fails: "
+        "every engine call (with its retries) and every collective of the weight group (the "
+        "join, each bucket's broadcast: gloo's timeout). A push across a network cut that "
+        "heals sooner is only delayed (TCP resends after its backoff: up to about the cut's "
+        "length again); one across a cut that lasts fails within a few times this, and is "
+        "retried (retry_deadline_s). Well above a GC pause or a bucket's transfer; set the "
+        "engines' inference.weight_group_timeout_s alike.",
+    )
     release_tags: list[Literal["kv_cache", "weights", "cuda_graph"]] = Field(
         default=["kv_cache", "weights"],
         description="What release_engines_while_training frees (SGLang's tags; cuda_graph too "
@@ -411,6 +426,19 @@ class TrainerSettings(ServiceSettings):
     """What `searchr1 trainer ...` loads: the shared sections plus `trainer`."""
 
     trainer: TrainerConfig = TrainerConfig()
+    engines: EnginesConfig = Field(
+        default_factory=EnginesConfig, description="The engines it pushes to (EnginesConfig)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _push_to_the_engines(cls, data: Any) -> Any:
+        """trainer.weight_push.engine_urls follows from engines.urls unless named."""
+        push_urls = ("trainer", "weight_push", "engine_urls")
+        if not isinstance(data, dict) or given_value(data, push_urls)[0]:
+            return data
+        named, urls = given_value(data, ("engines", "urls"))
+        return with_value(data, push_urls, urls if named else EnginesConfig().urls)
 
     @model_validator(mode="after")
     def _backlog_holds_the_unacked_window(self) -> TrainerSettings:

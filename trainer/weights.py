@@ -81,8 +81,11 @@ class WeightPusher:
     def releases_engines(self) -> bool:
         return self.cfg.release_engines_while_training
 
-    def _clients(self) -> list[InferenceClient]:
-        return [InferenceClient(u, token=self.token) for u in self.cfg.engine_urls]
+    def _clients(self, deadline_s: float | None = None) -> list[InferenceClient]:
+        return [
+            InferenceClient(u, token=self.token, deadline_s=deadline_s)
+            for u in self.cfg.engine_urls
+        ]
 
     async def release_engines(self) -> float:
         """Colocated placement, before a training step (main rank): generation paused (running
@@ -123,13 +126,14 @@ class WeightPusher:
             # One sender for the trainer's life: its rendezvous store holds master_port, and a
             # reconnect after a failure reuses it.
             self._sender = WeightSender(
-                self._clients(),
+                self._clients(deadline_s=self.cfg.timeout_s),
                 master_addr=self.cfg.master_addr,
                 master_port=self.cfg.master_port,
                 backend=self.cfg.backend,
                 bucket_bytes=self.cfg.bucket_bytes,
                 dtype=dtype_from_name(self.cfg.dtype) if self.cfg.dtype else None,
                 baseline=self.baseline,
+                timeout_s=self.cfg.timeout_s,
             )
         if not self._sender.connected:
             await self._sender.connect()
