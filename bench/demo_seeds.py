@@ -4,9 +4,11 @@ without dynamic sampling, on one world and one warm start.
     python -m bench.demo_seeds [--seeds 1,2,3,4,5] [--modes plain,dynamic] [--out runs/seeds]
     python -m bench.demo_seeds --quick --seeds 1 --modes plain      # smallest: one quick demo
     python -m bench.demo_seeds --task guess-number --modes plain    # another task's demo
+    python -m bench.demo_seeds --warm-start-from runs/demo    # a finished demo's warm start
 
 Each run is `searchr1 demo --train-seed S [--dynamic-sampling] --warm-start-from <first run>`
-(the warm start is deterministic per world seed, so it is computed once), one at a time. A run
+(the warm start is deterministic per world seed, so it is computed once, or taken from
+`--warm-start-from`: a finished demo of the same task and world seed), one at a time. A run
 whose `eval_after.json` exists is not run again: the sweep can be stopped and resumed. Prints
 held-out EM per seed and mode, the minimum and mean per mode, the share of seeds at EM >= 0.9
 (issue 27's bar), and the gain over the warm start (its minimum, and the share of seeds that
@@ -76,12 +78,18 @@ def main() -> None:
         action="store_true",
         help="the quick demo's world, warm start and 2 steps per run (a smoke run, minutes)",
     )
+    ap.add_argument(
+        "--warm-start-from",
+        type=Path,
+        default=None,
+        help="a finished demo's out dir (same task, world seed 0): its warm start for every run",
+    )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"plain", "dynamic"}:
         ap.error("--modes: plain and/or dynamic")
-    warm_from: Path | None = None
+    warm_from: Path | None = args.warm_start_from
     em: dict[str, dict[int, float]] = {m: {} for m in modes}
     gain: dict[str, dict[int, float]] = {m: {} for m in modes}
     for seed in seeds:  # seeds outermost: a stopped sweep still has both modes per seed

@@ -4,10 +4,12 @@ The policy guesses a secret whole number in [1, high] as `<guess> N </guess>`; t
 answers each guess as a user turn ("higher: 9 to 16", "lower: 1 to 7": the direction and the
 numbers the answers so far leave; a right guess ends the game). A
 guess that cannot be read is answered with the expected format. Rewards per turn: 1 for the
-found number, and `consistency_bonus` for a guess that the earlier answers still allow (inside
-the interval they leave), so a policy learns to use the feedback before it wins reliably. The
-rubric sums them, less a small cost per guess beyond the fewest binary search needs; its `em`
-is the win alone. The rows are generated from a seed, the eval split disjoint from train.
+found number; `consistency_bonus` for a guess that the earlier answers still allow (inside
+the interval they leave); `information_bonus` times the share of the game's bits (log2 of the
+numbers left) a guess's answer removes, so a lost game that narrowed the secret down earns
+part of it (a won game earns 1 + information_bonus whatever the path: the sum telescopes).
+The rubric sums them, less a small cost per guess beyond the fewest binary search needs; its
+`em` is the win alone. The rows are generated from a seed, the eval split disjoint from train.
 
 Its scripted demonstration (`demonstration` option) is binary search, or `random`: a guess drawn
 uniformly from the numbers the answers so far leave, which follows the rules (the format, the
@@ -40,9 +42,16 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessEpisode(Episode):
-    def __init__(self, secret: int, high: int, consistency_bonus: float = 0.0) -> None:
+    def __init__(
+        self,
+        secret: int,
+        high: int,
+        consistency_bonus: float = 0.0,
+        information_bonus: float = 0.0,
+    ) -> None:
         self.secret, self.high = secret, high
         self.bonus = consistency_bonus
+        self.information = information_bonus
         self.low, self.top = 1, high  # what the answers so far leave possible
         self.guesses = 0
         self.solved = False
@@ -52,17 +61,24 @@ class GuessEpisode(Episode):
         if guess is None or not 1 <= guess <= self.high:
             return EnvStep(self._user(INVALID.format(high=self.high)), info={"invalid": 1.0})
         self.guesses += 1
+        before = self._bits()
         if guess == self.secret:
             self.solved = True
-            return EnvStep(reward=1.0, done=True, info={"guesses": float(self.guesses)})
+            # the win learns the bits still missing: a won game earns 1 + information_bonus
+            reward = 1.0 + self.information * before
+            return EnvStep(reward=reward, done=True, info={"guesses": float(self.guesses)})
         consistent = self.low <= guess <= self.top
         if self.secret > guess:
             self.low = max(self.low, guess + 1)
         else:
             self.top = min(self.top, guess - 1)
-        reward = self.bonus if consistent else 0.0
+        reward = (self.bonus if consistent else 0.0) + self.information * (before - self._bits())
         direction = "higher" if self.secret > guess else "lower"
         return EnvStep(self._user(f"{direction}: {self.low} to {self.top}"), reward=reward)
+
+    def _bits(self) -> float:
+        """What is still unknown, as a share of the game's bits: log2(numbers left) / log2(high)."""
+        return math.log2(self.top - self.low + 1) / math.log2(self.high)
 
     @staticmethod
     def _user(text: str) -> list[dict[str, Any]]:
@@ -84,6 +100,7 @@ class GuessNumberTask(Task):
                 "seed",
                 "guess_cost",
                 "consistency_bonus",
+                "information_bonus",
                 "demonstration",
             }
         )
@@ -95,6 +112,7 @@ class GuessNumberTask(Task):
         self.seed = int(self.options.get("seed", 0))
         self.guess_cost = float(self.options.get("guess_cost", 0.1))
         self.consistency_bonus = float(self.options.get("consistency_bonus", 0.0))
+        self.information_bonus = float(self.options.get("information_bonus", 0.0))
         self.demonstration_policy = str(self.options.get("demonstration", "binary-search"))
         if self.demonstration_policy not in DEMONSTRATIONS:
             raise ValueError(
@@ -129,7 +147,9 @@ class GuessNumberTask(Task):
         ]
 
     def episode(self, prompt: Prompt) -> Episode:
-        return GuessEpisode(int(prompt.golds[0]), self.high, self.consistency_bonus)
+        return GuessEpisode(
+            int(prompt.golds[0]), self.high, self.consistency_bonus, self.information_bonus
+        )
 
     def score(self, sample: Sample, episode: Episode) -> dict[str, float]:
         assert isinstance(episode, GuessEpisode)

@@ -3,11 +3,14 @@ start learns from, leaving binary search to RL)."""
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 import pytest
 
 from orchestrator.config import TaskConfig
 from orchestrator.hooks import HookError
-from orchestrator.tasks.guess_number import GuessNumberTask, parse_guess
+from orchestrator.tasks.guess_number import GuessEpisode, GuessNumberTask, parse_guess
 from orchestrator.tasks.registry import load_task
 
 
@@ -38,3 +41,22 @@ def test_binary_search_stays_the_default_demonstration() -> None:
 def test_an_unknown_demonstration_fails_naming_the_option() -> None:
     with pytest.raises(HookError, match=r"options\.demonstration must be one of"):
         load_task(TaskConfig(name="guess-number", options={"demonstration": "linear"}))
+
+
+def play(episode: GuessEpisode, guesses: list[int]) -> list[float]:
+    async def go() -> list[float]:
+        return [(await episode.step(f"<guess> {g} </guess>")).reward for g in guesses]
+
+    return asyncio.run(go())
+
+
+def test_the_information_bonus_pays_the_bits_an_answer_removes() -> None:
+    # 16 numbers: 4 bits. 8 leaves 1..7 (log2 16/7 bits), 12 was excluded (nothing learned).
+    rewards = play(GuessEpisode(5, 16, information_bonus=0.5), [8, 12, 4])
+    assert rewards[0] == pytest.approx(0.5 * math.log2(16 / 7) / 4)
+    assert rewards[1] == 0.0
+    assert rewards[2] == pytest.approx(0.5 * math.log2(7 / 3) / 4)  # 5..7 left
+    # A lost game earns the share it narrowed down; a won game 1 + the bonus, whatever the path.
+    assert sum(rewards) == pytest.approx(0.5 * math.log2(16 / 3) / 4)
+    for path in ([5], [8, 4, 6, 5], [1, 2, 3, 4, 5]):
+        assert sum(play(GuessEpisode(5, 16, information_bonus=0.5), path)) == pytest.approx(1.5)
