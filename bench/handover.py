@@ -39,7 +39,8 @@ from harness.inference_server import InferenceServerProcess
 from inference.tiny_model import make_tiny_model
 from searchr1.redis_server import free_port
 from searchr1.weightsync.handover import HandoverSender
-from searchr1.weightsync.sender import PushStats, WeightSender
+from searchr1.weightsync.sender import WeightSender
+from searchr1.weightsync.session import PushStats
 
 
 def _status_kb(pid: int | str, field: str) -> int:

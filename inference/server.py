@@ -30,8 +30,8 @@ from inference.sampling import (
     check_text,
 )
 from inference.scheduler import REJECTED, EngineOverloaded, EngineStopped
-from inference.tensor_update import parse_handover
 from searchr1.service import ClientGone, create_service_app, require_token, unless_disconnected
+from searchr1.weightsync.handover_receiver import parse_handover
 from searchr1.weightsync.protocol import Bucket, GroupDestroy, GroupJoin
 from searchr1.weightsync.receiver import GroupAlreadyFreed
 

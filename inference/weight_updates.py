@@ -1,5 +1,5 @@
 """The engine's weight updates: from disk, by broadcast (`searchr1.weightsync.receiver`) and by
-hand-over (`inference.tensor_update`), with SGLang's session around the last two
+hand-over (`searchr1.weightsync.handover_receiver`), with SGLang's session around the last two
 (`begin_weight_update` .. `end_weight_update`).
 
 Everything that touches the model runs as a scheduler command, between decode steps; every call
@@ -16,8 +16,8 @@ from pathlib import Path
 from inference.memory import MemoryState
 from inference.pause import PauseLease
 from inference.scheduler import Scheduler
-from inference.tensor_update import TensorUpdates
 from searchr1.weightsync.handover import Handover
+from searchr1.weightsync.handover_receiver import HandoverReceiver
 from searchr1.weightsync.protocol import Bucket, GroupJoin
 from searchr1.weightsync.receiver import WeightLoader
 
@@ -34,7 +34,7 @@ class WeightUpdates:
         model_path: str,
     ) -> None:
         self.loader = loader
-        self.handovers = TensorUpdates(loader, memory)
+        self.handovers = HandoverReceiver(loader, memory)
         self.scheduler = scheduler
         self.memory = memory
         self.pause = pause
@@ -120,7 +120,7 @@ class WeightUpdates:
         self, handover: Handover, version: int | None = None, *, flush_cache: bool = True
     ) -> int:
         """Copy one handed-over bucket into the weights (inside the open session; see
-        `inference.tensor_update`); `version` is served from the session's end."""
+        `searchr1.weightsync.handover_receiver`); `version` is served from the session's end."""
 
         def do() -> int:
             self.pause.renew()

@@ -16,10 +16,12 @@ One buffer per bucket: opening an IPC handle costs far more than a view into it.
 
 `HandoverSender` is the trainer side: pause, open a session (SGLang 0.5.21 refuses tensor updates
 outside one), one `/update_weights_from_tensor` per bucket (the last carries the new version and
-the cache flush), close the session, continue. For SGLang (`format="sglang"`) it sends SGLang's
-own pickled format instead (SGLang unpickles it: its behaviour, on its token-protected route).
-With a `baseline.Baseline`, our engines get delta updates: the buffer holds each tensor's
-encoded payload (`Handover.delta` names the encodings) and the engine decodes into its weights.
+the cache flush), close the session, continue (`session.update_session`, as the broadcast does).
+`handover_receiver.HandoverReceiver` is our engine's side. For SGLang (`format="sglang"`) it
+sends SGLang's own pickled format instead (SGLang unpickles it: its behaviour, on its
+token-protected route). With a `baseline.Baseline`, our engines get delta updates: the buffer
+holds each tensor's encoded payload (`Handover.delta` names the encodings) and the engine
+decodes into its weights.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import mmap
 import os
 import re
 import secrets
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing import shared_memory
@@ -44,8 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from searchr1.weightsync.baseline import Baseline, Update, delta_capable, log_resync
 from searchr1.weightsync.group import dtype_from_name, dtype_name
-from searchr1.weightsync.protocol import DTYPE_NAMES, DeltaHeader, EngineRefused
-from searchr1.weightsync.sender import PushStats, _close_sessions, _open_session, _with_last
+from searchr1.weightsync.protocol import DTYPE_NAMES, DeltaHeader, EngineRefused, SessionEngine
+from searchr1.weightsync.session import PushStats, update_session, with_last
 
 log = logging.getLogger(__name__)
 
@@ -322,16 +323,9 @@ def sglang_serialized(bucket: list[tuple[str, torch.Tensor]], tp_size: int = 1) 
     return pickles
 
 
-class TensorEngine(Protocol):
-    """The engine calls a `HandoverSender` drives (`inference.client.InferenceClient`)."""
+class TensorEngine(SessionEngine, Protocol):
+    """The engine calls a `HandoverSender` drives (`engine_client.client.InferenceClient`)."""
 
-    base_url: str
-
-    async def get_model_info(self) -> dict[str, Any]: ...
-    async def pause_generation(self, mode: str = "abort") -> None: ...
-    async def continue_generation(self) -> None: ...
-    async def begin_weight_update(self) -> bool: ...
-    async def end_weight_update(self) -> None: ...
     async def update_weights_from_tensor(
         self,
         serialized_named_tensors: list[str],
@@ -435,40 +429,16 @@ class HandoverSender:
         flush_cache: bool,
         update: Update | None,
     ) -> PushStats:
-        paused_at = time.perf_counter()
-        if self.pause_mode:
-            await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self.engines))
-        total, seconds = 0, 0.0
-        try:
-            opened = await asyncio.gather(
-                *(_open_session(c) for c in self.engines),  # type: ignore[arg-type]
-                return_exceptions=True,
-            )
-            in_session = [c for c, ok in zip(self.engines, opened, strict=True) if ok is True]
-            failure = next((r for r in opened if isinstance(r, BaseException)), None)
-            start = time.perf_counter()
-            try:
-                if failure is not None:
-                    raise failure
-                total = await self._send(named_tensors, version, flush_cache, update)
-            except BaseException as e:
-                failure = e
-                raise
-            finally:
-                await _close_sessions(in_session, failed=failure is not None)  # type: ignore[arg-type]
-            seconds = time.perf_counter() - start
-        finally:
-            if self.pause_mode:
-                await asyncio.gather(
-                    *(c.continue_generation() for c in self.engines), return_exceptions=True
-                )
+        async with update_session(self.engines, self.pause_mode) as timing:
+            total = await self._send(named_tensors, version, flush_cache, update)
+        seconds = timing.seconds
         if update is not None:
             update.commit()
         stats = PushStats(
             total,
             seconds,
             version,
-            time.perf_counter() - paused_at,
+            timing.paused_seconds,
             raw_bytes=update.raw_bytes if update else None,
             delta=bool(update and update.delta),
         )
@@ -504,7 +474,7 @@ class HandoverSender:
         total = 0
         # Delta: buckets as given (encoding casts), so the trainer's tensors are copied once.
         buckets = _by_size(named, self.bucket_bytes) if update else self._buckets(named)
-        for bucket, last in _with_last(buckets):
+        for bucket, last in with_last(buckets):
             if self.format == "sglang":
                 payload, load_format, packed = sglang_serialized(bucket, self.tp_size), None, None
             else:

@@ -100,8 +100,8 @@ class EngineRefused(Exception):
     same call would not help. A `WeightEngine` raises it (or a subclass) for a refusal."""
 
 
-class WeightEngine(Protocol):
-    """The calls a `WeightSender` drives on one engine (`inference.client.InferenceClient`)."""
+class SessionEngine(Protocol):
+    """The calls both senders drive around a push (`session.update_session`)."""
 
     base_url: str
 
@@ -118,6 +118,10 @@ class WeightEngine(Protocol):
         ...
 
     async def end_weight_update(self) -> None: ...
+
+
+class WeightEngine(SessionEngine, Protocol):
+    """The calls a `WeightSender` drives on one engine (`engine_client.client.InferenceClient`)."""
 
     async def init_weights_update_group(self, join: GroupJoin) -> None: ...
 

@@ -109,7 +109,7 @@ class WeightLoader:
         # state_dict keys are the checkpoint's names; tied weights appear under both names.
         return dict(self.model.state_dict(keep_vars=True))
 
-    def _check(self, named: dict[str, tuple[torch.Size, Any]]) -> dict[str, torch.Tensor]:
+    def check(self, named: dict[str, tuple[torch.Size, Any]]) -> dict[str, torch.Tensor]:
         """The model's tensors by name; ValueError for unknown names or wrong shapes."""
         params = self._params()
         unknown = sorted(set(named) - set(params))
@@ -125,7 +125,7 @@ class WeightLoader:
         return params
 
     @torch.no_grad()
-    def _apply(self, params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    def apply(self, params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
         for name, t in tensors.items():
             p = params[name]
             p.data.copy_(t.to(device=p.device, dtype=p.dtype))
@@ -145,11 +145,11 @@ class WeightLoader:
                 for name in sf.keys():  # noqa: SIM118 - safe_open is not a mapping
                     tensors[name] = sf.get_tensor(name)
         try:
-            params = self._check({n: (t.shape, t.dtype) for n, t in tensors.items()})
+            params = self.check({n: (t.shape, t.dtype) for n, t in tensors.items()})
         except ValueError:
             WEIGHT_UPDATES.labels("disk", "rejected").inc()
             raise
-        self._apply(params, tensors)
+        self.apply(params, tensors)
         self.state = None
         WEIGHT_UPDATES.labels("disk", "ok").inc()
         log.info("weights loaded from disk", extra={"path": str(path), "tensors": len(tensors)})
@@ -169,7 +169,7 @@ class WeightLoader:
                 raise ValueError(f"{file}: no delta header")
             blob = torch.empty(0, dtype=torch.uint8) if blob is None else blob
             session = UpdateSession()
-            params = self._check_delta(bucket, bucket.delta, self._held())
+            params = self.check_delta(bucket, bucket.delta, self._held())
             if blob.dtype != torch.uint8 or blob.numel() != sum(bucket.delta.nbytes):
                 raise ValueError(f"{file}: payload is not {sum(bucket.delta.nbytes)} bytes")
             self._stage_delta(bucket, bucket.delta, blob, params, session)
@@ -185,7 +185,7 @@ class WeightLoader:
             extra={"path": str(file.parent), "tensors": len(session.names), "bytes": blob.numel()},
         )
 
-    def _check_delta(
+    def check_delta(
         self, bucket: Bucket, header: DeltaHeader, held: str | None
     ) -> dict[str, torch.Tensor]:
         """The model's tensors, if a delta part fits them: names, shapes and dtypes (bit
@@ -198,7 +198,7 @@ class WeightLoader:
             nm: (torch.Size(sh), dtype_from_name(dt))
             for nm, dt, sh in zip(bucket.names, bucket.dtypes, bucket.shapes, strict=True)
         }
-        params = self._check(declared)
+        params = self.check(declared)
         wrong = [n for n, (_, dt) in declared.items() if params[n].dtype != dt]
         if wrong:
             raise ValueError(f"delta updates need the engine's dtype: {wrong[:5]}")
@@ -350,7 +350,7 @@ class WeightLoader:
             except ValueError:
                 WEIGHT_UPDATES.labels("distributed", "discarded").inc()
                 raise
-        self._apply(params, session.staged)
+        self.apply(params, session.staged)
         if session.state is not None:  # any update at all: the weights are at its state
             self.state = None if session.state == PLAIN else session.state
         WEIGHT_UPDATES.labels("distributed", "ok").inc()
@@ -387,7 +387,7 @@ class WeightLoader:
             for n, d, s in zip(names, dtypes, shapes, strict=True)
         }
         try:
-            self._check(declared)
+            self.check(declared)
             problem = None
         except ValueError as e:
             problem = e
@@ -417,7 +417,7 @@ class WeightLoader:
         problem: ValueError | None = None
         params: dict[str, torch.Tensor] = {}
         try:
-            params = self._check_delta(bucket, header, session.held)
+            params = self.check_delta(bucket, header, session.held)
         except ValueError as e:
             problem = e
         device = next(self.model.parameters()).device

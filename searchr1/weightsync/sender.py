@@ -7,15 +7,16 @@ the sender is rank 0 and engine i joins as rank i + 1 through `POST /init_weight
      and recompute their KV under the new weights), so no decode step runs on a half-updated
      model;
   2. opens a weight-update session on every engine (`/begin_weight_update`; SGLang 0.5.21
-     refuses distributed updates outside one; a server without the route needs none);
+     refuses distributed updates outside one; a server without the route needs none; steps 1,
+     2 and 4 are `session.update_session`, which the hand-over sender runs too);
   3. per bucket of at most `bucket_bytes`: posts `/update_weights_from_distributed` (names,
      dtypes, shapes) to every engine, broadcasts each tensor of the bucket in order in the
      engines' dtype, and waits for every answer; only the last bucket carries the new weight
      version, so a push moves the version once;
   4. closes the sessions (`/end_weight_update`) and resumes the engines, whatever happened.
 The same code drives SGLang (NCCL on GPU, gloo on CPU) and our reference engine, through the
-engine clients the caller hands in (`protocol.WeightEngine`: `inference.client.InferenceClient`);
-an engine's refusal is a `protocol.EngineRefused`.
+engine clients the caller hands in (`protocol.WeightEngine`:
+`engine_client.client.InferenceClient`); an engine's refusal is a `protocol.EngineRefused`.
 
 With a `baseline.Baseline` (delta updates), a push to our engines sends each bucket as one
 uint8 broadcast of per-tensor payloads (`delta`: full bytes, nothing, XOR+zstd or sparse) with
@@ -32,9 +33,7 @@ import functools
 import logging
 import secrets
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -50,22 +49,9 @@ from searchr1.weightsync.group import (
     store_client,
 )
 from searchr1.weightsync.protocol import Bucket, EngineRefused, GroupJoin, WeightEngine
+from searchr1.weightsync.session import PushStats, update_session, with_last
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PushStats:
-    bytes: int  # on the wire (delta updates: the encoded payloads)
-    seconds: float  # the transfer: first bucket posted to last bucket acknowledged
-    weight_version: int
-    paused_seconds: float = 0.0  # generation paused: pause + transfer + resume round trips
-    raw_bytes: int | None = None  # delta updates: the bytes a full push would have sent
-    delta: bool = False  # encoded against the engines' weights (not only full payloads)
-
-    @property
-    def gbytes_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
 class WeightSender:
@@ -287,36 +273,12 @@ class WeightSender:
         if version is None:
             infos = await asyncio.gather(*(c.get_model_info() for c in self._clients))
             version = max(i["weight_version"] for i in infos) + 1
-        paused_at = time.perf_counter()
-        if self.pause_mode:
-            await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self._clients))
-        total, seconds = 0, 0.0
-        try:
-            opened = await asyncio.gather(
-                *(_open_session(c) for c in self._clients), return_exceptions=True
-            )
-            in_session = [c for c, ok in zip(self._clients, opened, strict=True) if ok is True]
-            failure = next((r for r in opened if isinstance(r, BaseException)), None)
-            start = time.perf_counter()
-            try:
-                if failure is not None:
-                    raise failure
-                if update is None:
-                    total = await self._send_buckets(named_tensors, version)
-                else:
-                    total = await self._send_delta(list(named_tensors), version, update)
-            except BaseException as e:
-                failure = e
-                raise
-            finally:
-                await _close_sessions(in_session, failed=failure is not None)
-            seconds = time.perf_counter() - start  # transfer: first post to last answer
-        finally:
-            if self.pause_mode:
-                await asyncio.gather(
-                    *(c.continue_generation() for c in self._clients), return_exceptions=True
-                )
-        paused = time.perf_counter() - paused_at
+        async with update_session(self._clients, self.pause_mode) as timing:
+            if update is None:
+                total = await self._send_buckets(named_tensors, version)
+            else:
+                total = await self._send_delta(list(named_tensors), version, update)
+        seconds, paused = timing.seconds, timing.paused_seconds
         if update is not None:
             update.commit()
         stats = PushStats(
@@ -346,7 +308,7 @@ class WeightSender:
         """Every bucket to every engine; the first rejected bucket stops the push (later ones
         would be rejected the same way). Returns the bytes sent."""
         total = 0
-        for bucket, last in _with_last(self._buckets(named_tensors)):
+        for bucket, last in with_last(self._buckets(named_tensors)):
             names = [n for n, _ in bucket]
             tensors = [t for _, t in bucket]
             calls = [
@@ -464,43 +426,6 @@ class WeightSender:
             destroy_weight_group(self._group)
             self._group = None
         await asyncio.gather(*(c.aclose() for c in self._clients))
-
-
-async def _open_session(client: WeightEngine) -> bool:
-    """Open a weight-update session; False when the engine has no sessions. A session left
-    open by a sender that died mid-push is closed first (the new push rewrites every tensor)."""
-    try:
-        return await client.begin_weight_update()
-    except EngineRefused as e:
-        if "already open" not in str(e):
-            raise
-    log.warning("closing a weight-update session left open", extra={"engine": client.base_url})
-    await client.end_weight_update()
-    return await client.begin_weight_update()
-
-
-async def _close_sessions(clients: list[WeightEngine], *, failed: bool) -> None:
-    """End every open session. After a failed push a close error is only logged (the push's
-    own error is the one raised); after a good one it fails the push."""
-    closed = await asyncio.gather(*(c.end_weight_update() for c in clients), return_exceptions=True)
-    errors = [r for r in closed if isinstance(r, BaseException)]
-    if errors and not failed:
-        raise errors[0]
-    for e in errors:
-        log.warning("closing a weight-update session failed", extra={"error": str(e)})
-
-
-def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
-    """Each item with True for the last one (one item of look-ahead)."""
-    it = iter(items)
-    try:
-        prev = next(it)
-    except StopIteration:
-        return
-    for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True
 
 
 def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:

@@ -1,7 +1,8 @@
 """Delta weight updates end to end in one process: the sender's baseline, the hand-over (real
-shared memory into `inference.tensor_update`) and the disk path (`delta.safetensors` into the
-`WeightLoader`), on a bf16 model with tied weights. After every update the engine's weights are
-bit-identical to the trainer's; a refused or mismatching delta is resent in full, counted."""
+shared memory into `searchr1.weightsync.handover_receiver`) and the disk path
+(`delta.safetensors` into the `WeightLoader`), on a bf16 model with tied weights. After every
+update the engine's weights are bit-identical to the trainer's; a refused or mismatching delta
+is resent in full, counted."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import torch
 from prometheus_client import REGISTRY
 
 from inference.memory import MemoryState
-from inference.tensor_update import TensorUpdates
 from searchr1.weightsync.baseline import Baseline, delta_capable, write_delta_dir
 from searchr1.weightsync.delta import bits, state_checksum
 from searchr1.weightsync.handover import HandoverSender
+from searchr1.weightsync.handover_receiver import HandoverReceiver
 from searchr1.weightsync.protocol import CHECKSUM_MISMATCH, STALE_BASE, EngineRefused
 from searchr1.weightsync.receiver import CHECKSUM_MISMATCHES, WeightLoader
 
@@ -68,7 +69,7 @@ class InProcessEngine:
         self.model = engine_model()
         self.loader = WeightLoader(self.model)
         self.memory = MemoryState(self.model, torch.device("cpu"), flush_kv=lambda: None)
-        self.updates = TensorUpdates(self.loader, self.memory)
+        self.updates = HandoverReceiver(self.loader, self.memory)
         self.version = 0
         self._pending: int | None = None
 
@@ -94,7 +95,7 @@ class InProcessEngine:
     async def update_weights_from_tensor(
         self, serialized: list[str], *, load_format: str | None = None, **kw: Any
     ) -> None:
-        from inference.tensor_update import parse_handover
+        from searchr1.weightsync.handover_receiver import parse_handover
 
         try:
             self.updates.apply(parse_handover(serialized, load_format))

@@ -1,4 +1,6 @@
-"""Our engine's side of `/update_weights_from_tensor`: weights handed over in memory.
+"""The receiving side of a hand-over (`/update_weights_from_tensor` on our engine): weights handed
+over in memory by a `handover.HandoverSender`, copied into the model a `receiver.WeightLoader`
+holds (the broadcast's receiver; the two share its update session).
 
 The body is SGLang's (`serialized_named_tensors`, `load_format`, `flush_cache`,
 `abort_all_requests`, `weight_version`), but the tensors arrive in our described format
@@ -23,10 +25,10 @@ leaves a mix: 503 until a complete update lands (the sender resends in full at o
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
-from inference.memory import MemoryState
 from searchr1.weightsync.delta import EncodedTensor, Encoding, apply_in_place
 from searchr1.weightsync.handover import LOAD_FORMAT, Handover, opened
 from searchr1.weightsync.protocol import Bucket
@@ -67,10 +69,24 @@ def _parse(serialized: list[str], load_format: str | None) -> Handover:
         raise ValueError(problem) from None
 
 
-class TensorUpdates:
+class WeightsHealth(Protocol):
+    """What the engine says of its weights (`inference.memory.MemoryState` on ours)."""
+
+    awaiting_weights: bool  # resumed without content: no delta applies
+
+    def require_weights(self, what: str) -> None:
+        """Raise when `what` cannot run on the weights as they are (released)."""
+        ...
+
+    def weights_broken(self) -> None:
+        """The weights are a mix of two versions: refuse generation until an update lands."""
+        ...
+
+
+class HandoverReceiver:
     """Applies handed-over buckets into the model, inside the loader's open session."""
 
-    def __init__(self, weights: WeightLoader, memory: MemoryState) -> None:
+    def __init__(self, weights: WeightLoader, memory: WeightsHealth) -> None:
         self.weights = weights
         self.memory = memory
         self._session: object | None = None  # the session the count below belongs to
@@ -94,13 +110,13 @@ class TensorUpdates:
         written = [False]  # this call wrote into the parameters
         try:
             if handover.delta is None:
-                params = self.weights._check(
+                params = self.weights.check(
                     {t.name: (tuple(t.shape), t.dtype) for t in handover.tensors}
                 )
                 with opened(handover) as tensors:
                     self.weights.state, session.state = None, PLAIN
                     written[0] = True
-                    self.weights._apply(params, tensors)
+                    self.weights.apply(params, tensors)
                 session.written.update(params[n].data_ptr() for n in tensors)
             else:
                 self._apply_delta(handover, session, written)
@@ -127,7 +143,7 @@ class TensorUpdates:
             shapes=[t.shape for t in specs],
             delta=header,
         )
-        params = self.weights._check_delta(bucket, header, session.held)
+        params = self.weights.check_delta(bucket, header, session.held)
         for t, encoding in zip(specs, header.encodings, strict=True):
             # In place, a delta decodes against the weights as they are: one onto a storage
             # written earlier in this session (tied weights sent twice) would be wrong.
