@@ -331,7 +331,7 @@ def run_once(
         hosts.place_config(data, redis_server.port)
         stack_path = run_dir / "stack-hosts.yaml"
     else:
-        engine_url = data["orchestrator"]["engine_url"]
+        engine_url = data["engines"]["urls"][0]
         proxies = {
             "engine": FaultyProxy(engine_url).start(),
             "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
@@ -341,8 +341,10 @@ def run_once(
             "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
             "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
         }
+        # The trainer pushes through the faulty proxy (named over engines.urls), the orchestrator
+        # generates over its link.
         data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-        data["orchestrator"]["engine_url"] = links["inference"].url
+        data["engines"]["urls"] = [links["inference"].url]
         data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
     where = {"checkpoint": Path(data["trainer"]["checkpoint"]["dir"]), "redis": run_dir / "redis"}
     disks: dict[str, SmallDisk] = {}
@@ -373,11 +375,15 @@ def run_once(
             faults=len(schedule),
         )
 
+    def say(line: str) -> None:
+        with lock:  # one line at a time from the faults' threads
+            print(line, flush=True)
+
     def run_fault(index: int, kind: str) -> None:
         trainer = stack.trainer_holding(monitor.holder_pid()) if hosts else "trainer"
         on = f" ({trainer})" if hosts and "trainer" in kind else ""
         name = f"fault {index + 1}: {kind}{on}"
-        print(f"{name} at step {monitor.steps_done}", flush=True)
+        say(f"{name} at step {monitor.steps_done}")
         fault, service, pid = inject(
             kind, stack, proxies, rngs[index], cfg.freeze_s, links, disks, hosts, trainer
         )
@@ -385,11 +391,11 @@ def run_once(
             injected.append(fault)
         wait_recovered(fault, stack, monitor, service, pid, proxies, cfg.recover_timeout_s)
         if settle_recovery(fault):
-            print(f"  {name}: recovered in 0.0s (the run finished during the fault)", flush=True)
+            say(f"  {name}: recovered in 0.0s (the run finished during the fault)")
         elif fault.recover_s is None:
-            print(f"  {name}: not recovered within {cfg.recover_timeout_s:.0f}s", flush=True)
+            say(f"  {name}: not recovered within {cfg.recover_timeout_s:.0f}s")
         else:
-            print(f"  {name}: recovered in {fault.recover_s:.1f}s", flush=True)
+            say(f"  {name}: recovered in {fault.recover_s:.1f}s")
 
     scheduler = FaultScheduler(
         schedule,
