@@ -191,6 +191,40 @@ def test_the_clients_stand_on_the_floor_and_the_engine_does_not_import_them(grap
     )
 
 
+def private_imports(path: Path, package: str) -> list[str]:
+    """`module.name` of each private name (`_x`) imported from a module of `package`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (f"{node.module}.").startswith(f"{package}.")
+        ):
+            found += [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_module_imports_the_privates_of_weight_sync(tmp_path: Path) -> None:
+    """What both senders (or both receivers) share is public, in its own module (`session.py`):
+    a module of weight sync, or one using it, imports no `_name` from it."""
+    modules = product_modules((*PACKAGES, *SUPPORT))
+    bad = sorted(
+        f"{m}: {name}"
+        for m, path in modules.items()
+        for name in private_imports(path, "searchr1.weightsync")
+    )
+    assert not bad, "private weight-sync names imported:\n" + "\n".join(bad)
+    probe = tmp_path / "probe.py"
+    probe.write_text("from searchr1.weightsync.sender import _open_session, WeightSender\n")
+    assert private_imports(probe, "searchr1.weightsync") == [
+        "searchr1.weightsync.sender._open_session"
+    ]
+
+
 def test_no_import_cycles(graph) -> None:  # type: ignore[no-untyped-def]
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
