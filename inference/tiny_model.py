@@ -5,6 +5,10 @@ Tests, benchmarks and the local demo need a real Hugging Face model directory th
 The weights are random (seeded), fp32; the tokenizer is trained with `tokenizers` on a small
 built-in text that contains the Search-R1 tags, so they tokenize into few tokens (they stay
 ordinary text, not special tokens, exactly as with the real Qwen tokenizers).
+
+Product code, not a test fixture: shipped commands build it (`searchr1 inference
+make-tiny-model`, and the offline demo, `searchr1 demo` and the task demo, in the CPU images
+too), and product code may not import `harness/`. The engine itself does not import it.
 """
 
 from __future__ import annotations

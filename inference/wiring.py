@@ -1,8 +1,9 @@
 """How `searchr1 inference serve` puts the service together and runs it.
 
-Per `inference.engine`: our reference engine (`TorchEngine`, whose scheduler thread is its main
-loop, behind the thin HTTP layer of `inference.server`), or SGLang run and supervised by
-`inference.sglang_launcher`. Either way the call returns when the service stops (SIGTERM).
+Per `inference.engine`: our reference engine (`TorchEngine`, whose scheduler thread,
+`inference.scheduler`, is its main loop, behind the thin HTTP layer of `inference.server`), or
+SGLang run and supervised by `inference.sglang_launcher`. Either way the call returns when the
+service stops (SIGTERM).
 """
 
 from __future__ import annotations
