@@ -43,7 +43,7 @@ INPUT_RESERVE = 6
 
 
 class Generator(Protocol):
-    """The engine API used here (inference.client.InferenceClient implements it)."""
+    """The engine API used here (engine_client.client.InferenceClient implements it)."""
 
     async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class Generator(Protocol):
-    """The engine API used here (inference.client.InferenceClient implements it)."""
+    """The engine API used here (engine_client.client.InferenceClient implements it)."""
 
     async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 

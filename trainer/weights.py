@@ -8,7 +8,7 @@ the engines' version drift from the step that produced the weights.
 `disk`: export a Hugging Face directory, then `POST /update_weights_from_disk` on every engine.
 `distributed`: `searchr1.weightsync.sender.WeightSender` broadcasts the tensors (gloo on CPU,
 NCCL on GPU) to engines that joined its process group, driving them through the
-`inference.client.InferenceClient`s built here.
+`engine_client.client.InferenceClient`s built here.
 `handover`: `searchr1.weightsync.handover.HandoverSender` hands the engines handles to the
 trainer's own memory (`/update_weights_from_tensor`): engines on the same host or GPU.
 

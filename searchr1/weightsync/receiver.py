@@ -20,7 +20,7 @@ payloads are kept (compressed) until the end, then decoded straight into the wei
 chunk at a time: no second copy of the model, unlike staging) and, with a checksum on the
 update, compared with the sender's. A corrupt payload or a mismatch undoes the whole update (an
 XOR by applying it again), is counted, and the sender resends everything in full. (Hand-overs
-write in place as they come: `inference.tensor_update`.)
+write in place as they come: `handover_receiver`.)
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class WeightLoader:
         self.session: UpdateSession | None = None
         self.state: str | None = None  # the delta state the weights are at (None: unknown)
         # Called when an update written in place fails its checksum (hand-over: the model is
-        # then no known version; `inference.tensor_update` marks it broken).
+        # then no known version; `handover_receiver` marks it broken).
         self.on_inconsistent: Callable[[], None] | None = None
         # False while the weights have no known content (released and resumed without a
         # backup, or broken by a failed update): no delta applies then.
