@@ -3,7 +3,8 @@
 A config refactor (a field moved, a default derived) must not change what a shipped config
 means by accident. Each snapshot under tests/unit/snapshots/ is the effective configuration:
 
-- `configs/<name>.txt`: `searchr1 config show -c configs/<name>.yaml` (the CLI's own function);
+- `configs/<name>.txt`: `searchr1 config show -c configs/<name>.yaml` (the CLI's own function;
+  `docker-cpu-demo.txt`: docker/cpu-demo.yaml);
 - `deploy-<name>.yaml`: a deployment (compose, each Helm values file): the stack config its
   file gives (Helm: the chart's `config:` values), and per searchr1 container the fields its
   environment changes (engine URLs, placement...), as `section.field: value`.
@@ -27,7 +28,8 @@ from searchr1.settings import ConfigError
 from tests.unit.deploy import stack
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-CONFIGS = sorted((stack.ROOT / "configs").glob("*.yaml"))
+# Every stack config file shipped: configs/ and the compose CPU demo's.
+CONFIGS = [*sorted((stack.ROOT / "configs").glob("*.yaml")), stack.DOCKER / "cpu-demo.yaml"]
 CHART_VALUES = {
     "chart-default": None,
     "chart-cluster": stack.CHART / "values-cluster.yaml",
@@ -57,7 +59,11 @@ def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def _name(path: Path) -> str:
+    return path.stem if path.parent.name == "configs" else f"{path.parent.name}-{path.stem}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_name)
 def test_config_show_of_each_shipped_config(
     path: Path, no_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -66,7 +72,7 @@ def test_config_show_of_each_shipped_config(
     with contextlib.suppress(typer.Exit):  # an invalid shipped config: its error is the snapshot
         config_show(path)
     out = capsys.readouterr()
-    _check(f"configs/{path.stem}.txt", (out.out + out.err).replace(f"{stack.ROOT}/", ""))
+    _check(f"configs/{_name(path)}.txt", (out.out + out.err).replace(f"{stack.ROOT}/", ""))
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -135,6 +141,6 @@ def test_chart_containers_config(name: str, no_env: None) -> None:
     _check(f"deploy-{name}.yaml", _deployment(merged.get("config") or {}, containers))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=_name)
 def test_each_shipped_config_loads(path: Path, no_env: None) -> None:
     stack.load_with_env({}, path)  # a snapshot may hold an error; a shipped config may not
