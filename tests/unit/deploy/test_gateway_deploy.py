@@ -227,6 +227,18 @@ def test_chart_gateway_colocated_sees_a_valid_stack() -> None:
     assert "gateway" in _peer_components(trainer, 30000)
 
 
+def test_values_gateway_layers_on_the_cluster_values() -> None:
+    """`-f values-cluster.yaml -f values-gateway.yaml`: the gateway's image comes from the same
+    registry as the others, and it calls the cluster's router."""
+    cluster = yaml.safe_load(stack.VALUES_FILES["cluster"].read_text())
+    overlay = yaml.safe_load(stack.VALUES_FILES["gateway"].read_text())
+    docs = _render({**cluster, **overlay})
+    image = _gateway_container(docs)["image"]
+    registry = cluster["images"]["inference"]["repository"].rsplit("/", 1)[0]
+    assert image.startswith(f"{registry}/gateway:")
+    assert _named(docs, "Service", "rl-searchr1-engine")["spec"]["selector"][COMPONENT] == "router"
+
+
 def test_chart_orchestrator_can_be_left_out() -> None:
     docs = stack.render_chart("gateway")
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
