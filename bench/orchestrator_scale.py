@@ -111,8 +111,8 @@ def write_config(
             "max_steps": args.steps,
         },
         "bus": {"max_backlog": 1_000_000},
+        "engines": {"urls": [urls["engine"]]},
         "orchestrator": {
-            "engine_url": urls["engine"],
             "tokenizer_path": str(model),
             "mode": "async",
             "max_staleness": 1000,  # no trainer: never wait for weights

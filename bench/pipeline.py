@@ -191,20 +191,21 @@ def configs(
         **shared,
         "logging": {"level": "INFO"},  # its "step done" records: the rollout step's time
         "run": orch_run,
+        "engines": {"urls": [urls["engine"]]},
         "orchestrator": {
-            "engine_url": urls["engine"],
             "tokenizer_path": str(paths["model"]),
             "mode": kind,
             "max_staleness": staleness,
             "weight_poll_s": 0.02,
             "data": {"train_path": str(paths["rows"]), "seed": 0},
             "rollout": rollout,
-            "search": {"retriever_url": urls["retriever"], "max_concurrency": 256},
+            "search": {"retriever_url": urls["retriever"], "limits": {"max_concurrency": 256}},
             "partition": {"poll_s": 0.05},
         },
     }
     trainer = {
         **shared,
+        "engines": {"urls": [urls["engine"]]},
         "trainer": {
             "backend": "harness.sim.trainer:load_sleeping_backend",
             "model": {"path": str(paths["model"]), "device": "cpu"},
@@ -212,7 +213,6 @@ def configs(
             "batch": {"consume_block_s": 0.05, "max_tokens_per_microbatch": 16384},
             "weight_push": {
                 "mode": "distributed",
-                "engine_urls": [urls["engine"]],
                 "master_port": 0,  # a free one, taken at the first push
                 "backend": "gloo",
                 "resync_check_s": 3600,

@@ -9,7 +9,7 @@ its whole conversation, an "observation" appended after each turn) against `--en
 engine processes (our reference engine with its prefix cache, real SGLang 0.5.21 with its radix
 cache, or the simulated engine of `bench/pipeline.py`, `harness.sim`, with its LRU prefix cache:
 the check that the simulator's caches answer routing as the real engines do), routed:
-- `pool`: the orchestrator's EnginePool (orchestrator.engine_urls), keyed by group;
+- `pool`: the orchestrator's EnginePool (engines.urls, no router), keyed by group;
 - `pool-none`: the same pool without a key (least-loaded per call);
 - `manual`, `round_robin`, `cache_aware`: a real sglang-router with that policy (manual: with
   `--assignment-mode min_load` and our client's X-SMG-Routing-Key, keyed by group), the

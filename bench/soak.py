@@ -206,7 +206,7 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
     server = SoakRedis(port=free_port(), data_dir=run_dir / "redis")
     path, data = write_run_config(chaos, demo, run_dir, (index_dir, warm, rows), server.url)
     # The chaos bench's proxies, for its refused push, retriever outage and link faults.
-    engine_url = data["orchestrator"]["engine_url"]
+    engine_url = data["engines"]["urls"][0]
     proxies = {
         "engine": FaultyProxy(engine_url).start(),
         "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
@@ -215,8 +215,10 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
         "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
         "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
     }
+    # The trainer pushes through the faulty proxy (named over engines.urls), the orchestrator
+    # generates over its link.
     data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-    data["orchestrator"]["engine_url"] = links["inference"].url
+    data["engines"]["urls"] = [links["inference"].url]
     data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
     data.setdefault("bus", {})["dedup_retention_s"] = cfg.dedup_retention_s
     path.write_text(yaml.safe_dump(data, sort_keys=False))

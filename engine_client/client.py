@@ -391,7 +391,7 @@ class InferenceClient:
             infos = await asyncio.gather(*(workers[u].get_model_info() for u in urls))
         except InferenceError as e:
             # A worker we cannot ask may serve older weights than the others: no answer beats
-            # a wrong one (list the engines in orchestrator.engine_urls if they are remote).
+            # a wrong one (list the engines in engines.urls if they are remote).
             raise InferenceUnavailable(
                 f"{self.base_url} is sglang-router; asking its worker failed: {e}"
             ) from e

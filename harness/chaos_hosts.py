@@ -49,11 +49,10 @@ class HostedStack:
         for name in ("retriever", "inference", "orchestrator", "trainer"):
             data[name].setdefault("http", {})["host"] = addr(name)
         engine = f"http://{addr('inference')}:{data['inference']['http']['port']}"
-        data["orchestrator"]["engine_url"] = engine
-        data["orchestrator"].pop("engine_urls", None)
+        data["engines"] = {**data.get("engines", {}), "urls": [engine]}  # orchestrator's, pushes'
         port = data["retriever"]["http"]["port"]
         data["orchestrator"]["search"]["retriever_url"] = f"http://{addr('retriever')}:{port}"
-        data["trainer"]["weight_push"]["engine_urls"] = [engine]
+        data["trainer"]["weight_push"].pop("engine_urls", None)  # engines.urls
         data["trainer"]["weight_push"]["master_addr"] = addr("trainer")
 
     def redis_server_args(self) -> dict[str, Any]:

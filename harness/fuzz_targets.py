@@ -95,8 +95,8 @@ def _orchestrator(
         "redis": {"url": redis_url},
         "bus": {"stream": "fuzz:orchestrator"},
         "run": {"id": "fuzz", "groups_per_step": 1, "group_size": 2},
+        "engines": {"urls": [engine]},
         "orchestrator": {
-            "engine_url": engine,
             "data": {"train_path": str(data)},
             "search": {"retriever_url": retriever},
         },

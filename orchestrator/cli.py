@@ -118,7 +118,8 @@ def run(
     except (HookError, DataError) as e:
         raise _fail(str(e)) from None
     exit_cleanly_after_shutdown()  # SIGTERM: stop rolling out, shut down, exit 0
-    raise typer.Exit(asyncio.run(serve(orch, cfg.run, cfg.redis.url, cfg.bus, fresh=fresh)))
+    served = serve(orch, cfg.engines, cfg.run, cfg.redis.url, cfg.bus, fresh=fresh)
+    raise typer.Exit(asyncio.run(served))
 
 
 @data_app.command("prepare")
@@ -181,6 +182,7 @@ def eval_command(
     try:
         run = evaluate_served(
             orch,
+            cfg.engines,
             cfg.bus,
             prompts,
             run_id=cfg.run.id,

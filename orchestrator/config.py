@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from searchr1.sections import HttpConfig, Section
+from searchr1.sections import EnginesConfig, HttpConfig, Section
 from searchr1.settings import ServiceSettings
 
 INVALID_ACTION_MESSAGE = (
@@ -320,9 +320,10 @@ class RolloutConfig(Section):
     )
     routing_key: RoutingKey = Field(
         default=RoutingKey.GROUP,
-        description="Sent with every engine call (sglang-router's X-SMG-Routing-Key; "
-        "orchestrator.engine_urls routes by it too) so that a sample's turns, and by default "
-        "its group's samples, land on the engine whose prefix cache holds their context.",
+        description="Sent with every engine call (sglang-router's X-SMG-Routing-Key; the "
+        "orchestrator's own pool over engines.urls routes by it too) so that a sample's turns, "
+        "and by default its group's samples, land on the engine whose prefix cache holds their "
+        "context.",
     )
 
     @model_validator(mode="after")
@@ -366,34 +367,19 @@ class OrchestratorHttpConfig(HttpConfig):
     port: int = Field(default=8100, ge=0, le=65535)
 
 
+# The flat engine fields this section had, and where each went (refused here, naming it).
+MOVED_TO_ENGINES = {
+    "engine_url": "engines.urls: [<url>] (an engine) or engines.router_url (a router)",
+    "engine_urls": "engines.urls",
+    "engine_spill_at_in_flight": "engines.spill_at_in_flight",
+    "engine_probe_s": "engines.probe_s",
+    "engine_probe_timeout_s": "engines.probe_timeout_s",
+    "engine_probe_misses": "engines.probe_misses",
+}
+
+
 class OrchestratorConfig(Section):
     http: OrchestratorHttpConfig = Field(default_factory=OrchestratorHttpConfig)
-    engine_url: str = Field(
-        default="http://127.0.0.1:30000",
-        description="The engine, or sglang-router in front of several (`--policy manual "
-        "--assignment-mode min_load` keeps rollout.routing_key's calls together).",
-    )
-    engine_urls: list[str] = Field(
-        default_factory=list,
-        description="Several engines without a router: the orchestrator routes over them "
-        "itself (inference.pool.EnginePool: by rollout.routing_key, least-loaded, failover) "
-        "and waits for the oldest weight version among them. Replaces engine_url.",
-    )
-    engine_spill_at_in_flight: int | None = Field(
-        default=None,
-        ge=1,
-        description="With engine_urls: a call whose engine already runs this many (its "
-        "--max-running-requests) goes to the least-loaded engine instead. None: never.",
-    )
-    engine_probe_s: float | None = Field(
-        default=2.0,
-        gt=0,
-        description="With engine_urls: every engine's /health is asked this often; one that "
-        "misses engine_probe_misses answers in a row (each due within engine_probe_timeout_s) "
-        "is frozen: avoided until it answers, its calls in flight retried elsewhere. None: off.",
-    )
-    engine_probe_timeout_s: float = Field(default=5.0, gt=0)
-    engine_probe_misses: int = Field(default=2, ge=1)
     tokenizer_path: str | None = Field(
         default=None, description="Default: the engine's model_path (from /get_model_info)."
     )
@@ -432,6 +418,17 @@ class OrchestratorConfig(Section):
         default=False, description="Serve the run inspector at /ui (over rollout_log.run_dir)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engines_moved(cls, value: Any) -> Any:
+        moved = sorted(set(value) & MOVED_TO_ENGINES.keys()) if isinstance(value, dict) else []
+        if moved:  # they sat here, flat, and again under trainer.weight_push: now said once
+            raise ValueError(
+                "; ".join(f"{k} moved to the stack-level {MOVED_TO_ENGINES[k]}" for k in moved)
+                + " (the engines section, read by the orchestrator and the trainer)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
         if self.ui and not self.rollout_log.run_dir:
@@ -448,3 +445,6 @@ class OrchestratorSettings(ServiceSettings):
     `orchestrator` (group size, groups per step, run id and step count come from `run`)."""
 
     orchestrator: OrchestratorConfig = OrchestratorConfig()
+    engines: EnginesConfig = Field(
+        default_factory=EnginesConfig, description="The engines it generates on (EnginesConfig)."
+    )

@@ -34,7 +34,7 @@ from orchestrator.tools.toolbox import Toolbox
 from retriever.client import RetrieverClient
 from searchr1.bus import TrajectoryBus
 from searchr1.engine_info import model_limits, wait_for_engine
-from searchr1.sections import BusConfig, RunConfig
+from searchr1.sections import BusConfig, EnginesConfig, RunConfig
 from searchr1.service import uvicorn_server
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ class Clients:
             await self.bus.close()
 
 
-def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) -> Clients:
+def make_clients(
+    cfg: OrchestratorConfig, engines: EnginesConfig, redis_url: str, bus_cfg: BusConfig
+) -> Clients:
     # One connection per sample waiting on the engine (+ the weight polls) and per search in
     # flight, on aiohttp pools called directly (searchr1.json_http): httpcore's pool scans every
     # connection on every request (15 ms of CPU per request at 512 connections), and httpx's
@@ -70,18 +72,19 @@ def make_clients(cfg: OrchestratorConfig, redis_url: str, bus_cfg: BusConfig) ->
             http_backend="aiohttp",
         )
 
-    engine: InferenceClient | EnginePool = (
-        EnginePool(
-            cfg.engine_urls,
+    # Through the router when there is one; one engine directly; several over our own pool.
+    engine: InferenceClient | EnginePool
+    if engines.router_url or len(engines.urls) == 1:
+        engine = engine_client(engines.router_url or engines.urls[0])
+    else:
+        engine = EnginePool(
+            engines.urls,
             engine_client,
-            spill_at_in_flight=cfg.engine_spill_at_in_flight,
-            probe_s=cfg.engine_probe_s,
-            probe_timeout_s=cfg.engine_probe_timeout_s,
-            probe_misses=cfg.engine_probe_misses,
+            spill_at_in_flight=engines.spill_at_in_flight,
+            probe_s=engines.probe_s,
+            probe_timeout_s=engines.probe_timeout_s,
+            probe_misses=engines.probe_misses,
         )
-        if cfg.engine_urls
-        else engine_client(cfg.engine_url)
-    )
     return Clients(
         engine=engine,
         retriever=RetrieverClient(
@@ -230,6 +233,7 @@ async def build_orchestrator(
 
 async def serve(
     cfg: OrchestratorConfig,
+    engines: EnginesConfig,
     run: RunConfig,
     redis_url: str,
     bus_cfg: BusConfig,
@@ -239,7 +243,7 @@ async def serve(
     """The service: `Orchestrator.run` with the HTTP endpoints beside it (up while the loop is
     built: /ready says why it is not running yet); exit status 0 when all steps are done."""
     task = configured_task(cfg)
-    clients = make_clients(cfg, redis_url, bus_cfg)
+    clients = make_clients(cfg, engines, redis_url, bus_cfg)
     state = LoopState()
     ui = cfg.rollout_log.run_dir if cfg.ui else None
     app = create_app(
@@ -281,6 +285,7 @@ async def serve(
 
 async def evaluate_served(
     orch: OrchestratorConfig,
+    engines: EnginesConfig,
     bus: BusConfig,
     prompts: list[Prompt],
     *,
@@ -288,12 +293,12 @@ async def evaluate_served(
     redis_url: str | None = None,
     concurrency: int = 64,
 ) -> dict[str, Any]:
-    """`evaluate` against the engine and retriever `orch` points at (what `searchr1 eval` runs).
+    """`evaluate` against the engines and the retriever (what `searchr1 eval` runs).
 
     Adds the engine's `weight_version` and `model_path` to the result.
     """
     # Eval needs no bus; a dummy URL keeps make_clients simple (never connected).
-    clients = make_clients(orch, redis_url or "redis://127.0.0.1:1/0", bus)
+    clients = make_clients(orch, engines, redis_url or "redis://127.0.0.1:1/0", bus)
     try:
         rollout, info = await connect_rollout(
             orch, clients, greedy=True, task=configured_task(orch)

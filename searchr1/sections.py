@@ -1,14 +1,15 @@
-"""Config sections shared by several services (the run's shared numbers, HTTP listener, logging,
-Redis, the bus).
+"""Config sections shared by several services (the run's shared numbers, the placement, the
+engines, HTTP listener, logging, Redis, the bus).
 
 Service-specific sections live in each service's own `config.py`.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
@@ -33,6 +34,57 @@ class RunConfig(Section):
         ge=1,
         description="Training steps: the orchestrator rolls out no more, the trainer stops after.",
     )
+
+
+class Placement(StrEnum):
+    DISAGGREGATED = "disaggregated"  # engines and trainer ranks on separate devices
+    # On the same devices, alternating (slime's --colocate, verl's hybrid engine): the engines
+    # release their memory while the trainer trains and take its weights from its memory.
+    COLOCATED = "colocated"
+
+
+class EnginesConfig(Section):
+    """The `engines` section: the inference engines, described once. The orchestrator generates
+    on them (through `router_url` when set, else over `urls` itself); the trainer pushes
+    weights to each of `urls` (unless trainer.weight_push.engine_urls names other addresses)."""
+
+    urls: list[str] = Field(
+        default=["http://127.0.0.1:30000"],
+        description="Every engine (each gets the weight pushes). Without router_url the "
+        "orchestrator generates on them: one directly; several over its own pool "
+        "(engine_client.pool.EnginePool: by rollout.routing_key, least-loaded, failover), "
+        "waiting for the oldest weight version among them.",
+    )
+    router_url: str | None = Field(
+        default=None,
+        description="sglang-router in front of the engines: the orchestrator generates through "
+        "it (`--policy manual --assignment-mode min_load` keeps rollout.routing_key's calls "
+        "together); weight pushes still go to each of urls.",
+    )
+    spill_at_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="The orchestrator's pool (several urls, no router): a call whose engine "
+        "already runs this many (its --max-running-requests) goes to the least-loaded engine "
+        "instead. None: never.",
+    )
+    probe_s: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="The orchestrator's pool: every engine's /health is asked this often; one "
+        "that misses probe_misses answers in a row (each due within probe_timeout_s) is "
+        "frozen: avoided until it answers, its calls in flight retried elsewhere. None: off.",
+    )
+    probe_timeout_s: float = Field(default=5.0, gt=0)
+    probe_misses: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _some_engine(self) -> EnginesConfig:
+        if not self.urls and not self.router_url:
+            raise ValueError("engines: set urls (every engine) or router_url")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError(f"engines.urls: each engine once, got {self.urls}")
+        return self
 
 
 class HttpConfig(Section):

@@ -12,13 +12,21 @@ keys) come from the environment only.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import yaml
-from pydantic import SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from searchr1.sections import BusConfig, LoggingConfig, RedisConfig, RunConfig
+from searchr1.sections import BusConfig, LoggingConfig, Placement, RedisConfig, RunConfig
 
 ENV_PREFIX = "SEARCHR1_"
 # Keys that hold secrets: allowed from the environment only, never from a config file.
@@ -27,6 +35,87 @@ SECRET_KEYS = {"admin_token"}
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names every offending field."""
+
+
+class Follows(NamedTuple):
+    """A setting that follows from the placement: filled in where the file leaves it out; named
+    with another value, the configuration is refused (it would contradict the placement)."""
+
+    path: tuple[str, ...]
+    value: Any
+    why: str
+
+
+# What each placement sets, in every service that has the section (a service loads only its
+# own: the trainer's settings get the trainer's part). docs/deploy.md, "Placement".
+PLACEMENT_SETS: dict[Placement, tuple[Follows, ...]] = {
+    Placement.COLOCATED: (
+        Follows(
+            ("orchestrator", "mode"),
+            "sync",
+            "async would generate while the trainer holds the devices; its engines are "
+            "released then",
+        ),
+        Follows(
+            ("trainer", "weight_push", "mode"), "handover", "weights from the trainer's memory"
+        ),
+        Follows(
+            ("trainer", "weight_push", "release_engines_while_training"),
+            True,
+            "the engines give the trainer their memory while it trains",
+        ),
+    ),
+    Placement.DISAGGREGATED: (
+        Follows(
+            ("trainer", "weight_push", "release_engines_while_training"),
+            False,
+            "engines on separate devices have no memory to give the trainer",
+        ),
+    ),
+}
+
+
+def _plain(node: Any) -> Any:
+    """A section as the dict it was given as (a model: the fields that were set)."""
+    return node.model_dump(exclude_unset=True) if isinstance(node, BaseModel) else node
+
+
+def given_value(data: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:
+    """(True, value) when the input names the field at `path`, else (False, None)."""
+    node: Any = data
+    for key in path:
+        node = _plain(node)
+        if not isinstance(node, dict) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def with_value(data: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of the input with `value` at `path` (the dicts on the way copied, never mutated)."""
+    out = dict(data)
+    node = out
+    for key in path[:-1]:
+        child = _plain(node.get(key))
+        if child is None:
+            child = {}
+        if not isinstance(child, dict):
+            return out  # not a section: its own validation reports it
+        node[key] = child = dict(child)
+        node = child
+    node[path[-1]] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _same(given: Any, value: Any) -> bool:
+    try:  # as the field would read it: "true" from the environment is True
+        return TypeAdapter(type(value)).validate_python(given, strict=False) == value
+    except ValidationError:
+        return False
 
 
 class ServiceSettings(BaseSettings):
@@ -42,11 +131,43 @@ class ServiceSettings(BaseSettings):
     )
 
     run: RunConfig = RunConfig()
+    placement: Placement = Field(
+        default=Placement.DISAGGREGATED,
+        description="colocated: engines and trainer share devices and alternate; it sets "
+        "orchestrator.mode sync, trainer.weight_push.mode handover and "
+        "release_engines_while_training true (searchr1.settings.PLACEMENT_SETS: a field named "
+        "with another value is refused); docs/deploy.md.",
+    )
     logging: LoggingConfig = LoggingConfig()
     redis: RedisConfig = RedisConfig()
     bus: BusConfig = BusConfig()
     # Shared token for state-changing endpoints (weight updates, cache flush, admin).
     admin_token: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _follow_placement(cls, data: Any) -> Any:
+        """Fill in what the placement sets; refuse a named field that contradicts it."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            placement = Placement(data.get("placement", Placement.DISAGGREGATED))
+        except ValueError:
+            return data  # the field's own validation names it
+        for need in PLACEMENT_SETS[placement]:
+            if need.path[0] not in cls.model_fields:
+                continue  # another service's section
+            named, value = given_value(data, need.path)
+            if not named:
+                data = with_value(data, need.path, need.value)
+            elif not _same(value, need.value):
+                field = ".".join(need.path)
+                raise ValueError(
+                    f"placement {placement.value} sets {field}: {_shown(need.value)} "
+                    f"({need.why}), but the configuration names {field}: {_shown(value)}; "
+                    "leave it out (it follows from placement) or change placement"
+                )
+        return data
 
     @field_validator("admin_token")
     @classmethod

@@ -7,18 +7,17 @@ and `searchr1 config validate` refuses a file with a typo in any section.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from gateway.config import GatewaySettings
 from inference.config import InferenceSettings
-from orchestrator.config import Mode, OrchestratorSettings
+from orchestrator.config import OrchestratorSettings
 from retriever.config import RetrieverSettings
-from searchr1.sections import Section
+from searchr1.sections import Placement, Section
 from searchr1.settings import (
     ENV_PREFIX,
     SECRET_KEYS,
@@ -28,7 +27,7 @@ from searchr1.settings import (
     read_yaml,
 )
 from searchr1.supervisor import RestartPolicy
-from trainer.config import PushMode, TrainerSettings
+from trainer.config import TrainerSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -58,7 +57,7 @@ class LocalConfig(Section):
         default=1,
         ge=1,
         description="Engines to start (inference-0 .. inference-N-1 on inference.http.port + i); "
-        "list their URLs in orchestrator.engine_urls and trainer.weight_push.engine_urls.",
+        "list their URLs in engines.urls.",
     )
     restart: RestartPolicy = RestartPolicy.NEVER
     max_restarts: int = Field(default=3, ge=0)
@@ -66,51 +65,15 @@ class LocalConfig(Section):
     grace_s: float = Field(default=20.0, gt=0, description="SIGTERM -> SIGKILL delay on stop.")
 
 
-class Placement(StrEnum):
-    DISAGGREGATED = "disaggregated"  # engines and trainer ranks on separate devices
-    # On the same devices, alternating (slime's --colocate, verl's hybrid engine): the engines
-    # release their memory while the trainer trains and take its weights from its memory.
-    COLOCATED = "colocated"
-
-
 class StackConfig(
     RetrieverSettings, InferenceSettings, OrchestratorSettings, TrainerSettings, GatewaySettings
 ):
-    """Every service's settings at once (each checks its own fields against `run`)."""
+    """Every service's settings at once (each checks its own fields against `run`; what the
+    placement and the engines section set is derived in each service's own settings)."""
 
     model_config = SettingsConfigDict(extra="forbid")
 
-    placement: Placement = Field(
-        default=Placement.DISAGGREGATED,
-        description="colocated: engines and trainer share devices and alternate (sync rollouts, "
-        "weights handed over in memory, engines released while training); docs/deploy.md.",
-    )
     local: LocalConfig = LocalConfig()
-
-    @model_validator(mode="after")
-    def _placement_settings(self) -> StackConfig:
-        """The settings a placement needs, named (not filled in: each service reads its own
-        section, so the file must say it)."""
-        push = self.trainer.weight_push
-        if self.placement == Placement.COLOCATED:
-            wrong = []
-            if self.orchestrator.mode != Mode.SYNC:
-                wrong.append(
-                    "orchestrator.mode: sync (async would generate while the trainer holds the "
-                    "devices; its engines are released then)"
-                )
-            if push.mode != PushMode.HANDOVER:
-                wrong.append("trainer.weight_push.mode: handover (weights from trainer memory)")
-            if not push.release_engines_while_training:
-                wrong.append("trainer.weight_push.release_engines_while_training: true")
-            if wrong:
-                raise ValueError("placement colocated needs " + "; ".join(wrong))
-        elif push.release_engines_while_training:
-            raise ValueError(
-                "trainer.weight_push.release_engines_while_training is for placement: colocated "
-                "(engines on separate devices have no memory to give the trainer)"
-            )
-        return self
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> StackConfig:

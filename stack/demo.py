@@ -259,12 +259,9 @@ def write_stack_config(
         ports["inference"] = free_port_run(cfg.engines)
         data["inference"]["http"]["port"] = ports["inference"]
         data["local"]["inference_replicas"] = cfg.engines
-    engine_urls = [f"http://127.0.0.1:{ports['inference'] + i}" for i in range(cfg.engines)]
-    data["orchestrator"]["engine_url"] = engine_urls[0]
-    if cfg.engines > 1:
-        data["orchestrator"]["engine_urls"] = engine_urls
+    urls = [f"http://127.0.0.1:{ports['inference'] + i}" for i in range(cfg.engines)]
+    data["engines"] = {**data.get("engines", {}), "urls": urls}  # the orchestrator's and pushes'
     data["orchestrator"]["search"]["retriever_url"] = f"http://127.0.0.1:{ports['retriever']}"
-    data["trainer"]["weight_push"]["engine_urls"] = engine_urls
     data["trainer"]["weight_push"]["master_port"] = free_port()
     if cfg.engine == "sglang":
         if not cfg.sglang_python:
@@ -308,7 +305,9 @@ def evaluate(stack: Path, model_dir: Path, data: Path | None, out: Path, limit: 
         else:
             assert cfg.orchestrator.task is not None, "a task's demo configures its task"
             prompts = load_task(cfg.orchestrator.task).rows("eval")[:limit]
-        result = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
+        result = asyncio.run(
+            evaluate_served(cfg.orchestrator, cfg.engines, cfg.bus, prompts, run_id=cfg.run.id)
+        )
     finally:
         sup.stop()
     out.write_text(json.dumps(result, indent=2) + "\n")

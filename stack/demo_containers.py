@@ -70,7 +70,9 @@ def report(runs: Path, test_rows: Path) -> dict[str, float]:
     demo's table and last line. Fails unless the engine serves the final step's weights."""
     cfg = _settings()
     prompts = load_prompts(test_rows)
-    after = asyncio.run(evaluate_served(cfg.orchestrator, cfg.bus, prompts, run_id=cfg.run.id))
+    after = asyncio.run(
+        evaluate_served(cfg.orchestrator, cfg.engines, cfg.bus, prompts, run_id=cfg.run.id)
+    )
     version = str(after.get("weight_version"))
     if cfg.run.max_steps is not None and version != str(cfg.run.max_steps):
         raise SystemExit(

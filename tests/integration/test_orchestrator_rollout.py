@@ -262,7 +262,6 @@ def write_config(
     data = stack.tmp / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     section = {
-        "engine_url": stack.engine.url,
         "weight_poll_s": 0.1,
         "data": {"train_path": str(data), "seed": 1},
         "search": {"retriever_url": stack.retriever.url, "topk": TOPK},
@@ -272,6 +271,7 @@ def write_config(
         "redis": {"url": redis_url},
         "logging": {"json_format": True},
         "run": {"id": "e2e", "groups_per_step": 2, "group_size": 2, **(run or {})},
+        "engines": {"urls": [stack.engine.url]},
         "orchestrator": section,
     }
     path.write_text(yaml.safe_dump(cfg))

@@ -44,10 +44,8 @@ def test_sigterm_while_waiting_for_the_engine_exits_zero(
         "redis": {"url": redis_server.url},
         "run": {"max_steps": 1},
         # Nothing listens there: the loop waits for the engine while the HTTP side is up.
-        "orchestrator": {
-            "data": {"train_path": str(rows)},
-            "engine_url": f"http://127.0.0.1:{free_port()}",
-        },
+        "engines": {"urls": [f"http://127.0.0.1:{free_port()}"]},
+        "orchestrator": {"data": {"train_path": str(rows)}},
     }
     cfg.write_text(yaml.safe_dump(settings))
     port = free_port()

@@ -2,7 +2,7 @@
 land on the engine that holds their prefix, so later turns are served from cache (issue 28's
 bar: >= 80% of their prefix tokens), and both engines take a share of the keys.
 
-Routed by the orchestrator's EnginePool (engines listed in orchestrator.engine_urls) or by a
+Routed by the orchestrator's EnginePool (engines.urls, no router) or by a
 real sglang-router with the policy our launcher gives it (manual, min_load assignment) and our
 client's X-SMG-Routing-Key; over our reference engine (prefix cache on) or real SGLang 0.5.21
 (radix cache on by default). What needs SGLang's environment (its servers, or the router that

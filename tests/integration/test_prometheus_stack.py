@@ -143,8 +143,8 @@ def write_stack(tmp: Path, retriever_url: str, policy: Path) -> tuple[Path, dict
         "run": {"id": "prom", "groups_per_step": 2, "group_size": 2, "max_steps": 40},
         "inference": {"engine": "torch", "model_path": str(policy),
                       "http": {"port": ports["inference"]}},
+        "engines": {"urls": [engine]},  # the orchestrator's and the trainer's
         "orchestrator": {
-            "engine_url": engine,
             "weight_poll_s": 0.1,
             "http": {"port": ports["orchestrator"]},
             "search": {"retriever_url": retriever_url, "topk": TOPK},
@@ -164,8 +164,8 @@ def write_stack(tmp: Path, retriever_url: str, policy: Path) -> tuple[Path, dict
             "loss": {"old_logprobs": "recompute"},
             "tis": {"mode": "token", "cap": 2.0},
             "checkpoint": {"dir": str(tmp / "checkpoints"), "every_steps": 2},
-            "weight_push": {"mode": "distributed", "engine_urls": [engine], "backend": "gloo",
-                            "every_steps": 1, "master_port": free_port()},
+            "weight_push": {"mode": "distributed", "backend": "gloo", "every_steps": 1,
+                            "master_port": free_port()},
         },
         "local": {"services": ["inference", "orchestrator", "trainer"],
                   "log_dir": str(tmp / "logs"), "redis_dir": str(tmp / "redis")},

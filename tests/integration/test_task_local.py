@@ -69,8 +69,8 @@ def test_a_task_in_a_file_outside_the_repository_trains_through_searchr1_local(
         "run": {"id": "task-local", "groups_per_step": 2, "group_size": 2, "max_steps": 2},
         "inference": {"engine": "torch", "model_path": str(tiny_model_dir),
                       "http": {"port": ports["inference"]}},
+        "engines": {"urls": [engine]},  # the orchestrator's and the trainer's
         "orchestrator": {
-            "engine_url": engine,
             "weight_poll_s": 0.1,
             "http": {"port": ports["orchestrator"]},
             "task": {"name": f"{task_file}:WordTask"},
@@ -82,8 +82,8 @@ def test_a_task_in_a_file_outside_the_repository_trains_through_searchr1_local(
             "model": {"path": str(tiny_model_dir), "dtype": "float32"},
             "optim": {"lr": 1e-5},
             "checkpoint": {"dir": str(tmp_path / "checkpoints"), "every_steps": 2},
-            "weight_push": {"mode": "distributed", "engine_urls": [engine], "backend": "gloo",
-                            "every_steps": 1, "master_port": free_port()},
+            "weight_push": {"mode": "distributed", "backend": "gloo", "every_steps": 1,
+                            "master_port": free_port()},
             "metrics_jsonl": str(tmp_path / "steps.jsonl"),
         },
         "local": {"services": ["inference", "orchestrator", "trainer"],

@@ -39,7 +39,7 @@ def test_two_engines_are_listed_for_the_orchestrator_and_the_trainer(tmp_path: P
     port = loaded.inference.http.port
     urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
     assert loaded.local.inference_replicas == 2
-    assert loaded.orchestrator.engine_urls == urls == loaded.trainer.weight_push.engine_urls
+    assert loaded.engines.urls == urls == loaded.trainer.weight_push.engine_urls
 
 
 def test_dynamic_sampling_and_a_training_seed_reach_the_stack_config(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ def test_compose_urls_point_at_services_and_ports() -> None:
         if "SEARCHR1_REDIS__URL" in c.env:
             urls.append(cfg.redis.url)
         if c.service == "orchestrator":
-            urls += [cfg.orchestrator.engine_url, cfg.orchestrator.search.retriever_url]
+            urls += [cfg.engines.router_url or cfg.engines.urls[0]]
+            urls += [*cfg.engines.urls, cfg.orchestrator.search.retriever_url]
         if c.service == "gateway":
             urls.append(cfg.gateway.engine_url)
         if c.service == "trainer":
@@ -154,7 +155,8 @@ def test_chart_urls_point_at_services_and_ports(values: str) -> None:
         if "SEARCHR1_REDIS__URL" in c.env:
             check(cfg.redis.url, c.where)
         if c.service == "orchestrator":
-            check(cfg.orchestrator.engine_url, c.where)
+            for url in [cfg.engines.router_url or cfg.engines.urls[0], *cfg.engines.urls]:
+                check(url, c.where)
             check(cfg.orchestrator.search.retriever_url, c.where)
         if c.service == "gateway":
             check(cfg.gateway.engine_url, c.where)

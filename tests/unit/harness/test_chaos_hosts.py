@@ -14,10 +14,9 @@ def demo_config() -> dict:
         "redis": {"url": "redis://127.0.0.1:1/0"},
         "retriever": {"http": {"port": 8001}},
         "inference": {"http": {"port": 8002}},
+        "engines": {"urls": ["http://127.0.0.1:8002"]},
         "orchestrator": {
             "http": {"port": 8003},
-            "engine_url": "http://127.0.0.1:8002",
-            "engine_urls": ["http://127.0.0.1:8002"],
             "search": {"retriever_url": "http://127.0.0.1:8001"},
         },
         "trainer": {"http": {"port": 8004}, "weight_push": {"engine_urls": []}},
@@ -30,13 +29,9 @@ def test_every_listener_and_url_points_at_its_host_and_no_secret_is_in_the_file(
     hosted.place_config(data, redis_port=6390)
     addr = hosted.net.address
     assert data["inference"]["http"]["host"] == addr("inference")
-    assert data["orchestrator"]["engine_url"] == f"http://{addr('inference')}:8002"
-    assert "engine_urls" not in data["orchestrator"]
+    assert data["engines"] == {"urls": [f"http://{addr('inference')}:8002"]}
     assert data["orchestrator"]["search"]["retriever_url"] == f"http://{addr('retriever')}:8001"
-    assert data["trainer"]["weight_push"] == {
-        "engine_urls": [f"http://{addr('inference')}:8002"],
-        "master_addr": addr("trainer"),
-    }
+    assert data["trainer"]["weight_push"] == {"master_addr": addr("trainer")}  # engines.urls
     assert data["redis"]["url"] == f"redis://{addr('redis')}:6390/0"
     assert hosted.redis_password not in str(data) and hosted.token not in str(data)
     url = RedisServer(port=6390, **hosted.redis_server_args()).url  # what the services get

@@ -153,27 +153,3 @@ def test_backlog_must_hold_the_trainers_unacked_window(tmp_path: Path) -> None:
     # Without checkpoints the trainer acks after every step: one step must fit.
     no_ckpt = text.replace("    dir: /tmp/ckpt\n", "").replace("1000", "128")
     assert load_config(write(tmp_path, no_ckpt)).bus.max_backlog == 128
-
-
-COLOCATED = (
-    "placement: colocated\n"
-    "orchestrator:\n  mode: sync\n"
-    "trainer:\n  weight_push:\n    mode: handover\n    engine_urls: [http://127.0.0.1:30000]\n"
-    "    release_engines_while_training: true\n"
-)
-
-
-def test_colocated_placement_names_each_setting_it_needs(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, COLOCATED)).placement == "colocated"
-    # Async would generate while the trainer holds the devices: refused, naming the field.
-    with pytest.raises(ConfigError, match=r"orchestrator\.mode: sync"):
-        load_config(write(tmp_path, COLOCATED.replace("mode: sync", "mode: async")))
-    with pytest.raises(ConfigError, match=r"release_engines_while_training: true"):
-        load_config(write(tmp_path, COLOCATED.replace("training: true", "training: false")))
-    # Releasing needs the in-memory hand-over (the trainer's own check) ...
-    broken = COLOCATED.replace("mode: handover", "mode: distributed")
-    with pytest.raises(ConfigError, match=r"needs mode handover"):
-        load_config(write(tmp_path, broken))
-    # ... and is meaningless on separate devices.
-    with pytest.raises(ConfigError, match=r"is for placement: colocated"):
-        load_config(write(tmp_path, COLOCATED.replace("placement: colocated\n", "")))
