@@ -67,6 +67,16 @@ class Segment:
     def context(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
+    def model_ids(self) -> list[list[int]]:
+        """Each turn's output ids as the engine sampled them (the template's ids between
+        turns left out)."""
+        out, at = [], 0
+        for t in self.turns:
+            at += t.bridge_tokens
+            out.append(self.response_ids[at : at + t.generated_tokens])
+            at += t.generated_tokens
+        return out
+
     def append_bridge(self, ids: list[int]) -> None:
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)

@@ -4,6 +4,7 @@ programs run against it): each checks what it can, then hands over to `gateway.w
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -65,6 +66,16 @@ def run_command(
     ] = None,
     reward: Annotated[str | None, typer.Option(help="Reward function f(row, result).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N rows.")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="A task's rows and rubric (agent.task): built-in name or dotted path."),
+    ] = None,
+    task_options: Annotated[
+        str | None, typer.Option(help="The task's options, a JSON object (agent.task_options).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="The task's rows: train or eval (agent.split).")
+    ] = None,
     run_id: Annotated[
         str | None, typer.Option(help="Names sessions and groups (default: run.id).")
     ] = None,
@@ -72,6 +83,16 @@ def run_command(
     """Run the program on every row, N sessions per row in parallel; print the outcomes."""
     cfg = start_service("agent", GatewaySettings, config)
     agent = cfg.agent
+    options = None
+    if task_options is not None:
+        try:
+            options = json.loads(task_options)
+        except json.JSONDecodeError as e:
+            raise _fail(f"--task-options: not JSON: {e}") from None
+        if not isinstance(options, dict):
+            raise _fail("--task-options: must be a JSON object")
+    if split is not None and split not in ("train", "eval"):
+        raise _fail(f"--split: {split!r} is not train or eval")
     updates = {
         "program": program,
         "data_path": str(data) if data else None,
@@ -79,6 +100,9 @@ def run_command(
         "samples_per_row": samples,
         "reward": reward,
         "limit": limit,
+        "task": task,
+        "task_options": options,
+        "split": split,
     }
     agent = agent.model_copy(update={k: v for k, v in updates.items() if v is not None})
     try:  # a typo in a dotted path fails here, before any session

@@ -8,6 +8,7 @@ program against it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -122,6 +123,15 @@ class AgentConfig(Section):
         default=None, description="Dotted path of `f(row, result) -> float | dict` (or async)."
     )
     data_path: str | None = Field(default=None, description="Rows: JSON lines (or a JSON list).")
+    task: str | None = Field(
+        default=None,
+        description="A task (a built-in's name or a dotted path, as orchestrator.task.name): its "
+        "rows instead of data_path, and its rubric scores a session whose program returns None.",
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="The task's options (orchestrator.task.options)."
+    )
+    split: Literal["train", "eval"] = Field(default="train", description="The task's rows.")
     samples_per_row: int | None = Field(
         default=None, ge=1, description="Sessions per row (one GRPO group); default run.group_size."
     )

@@ -83,7 +83,7 @@ AGENT_SESSIONS = Counter(
     "Sessions of `searchr1 agent run`, by outcome",
     ["outcome"],
 )
-AGENT_OUTCOMES = ("rewarded", "no_reward", "error", "timeout")
+AGENT_OUTCOMES = ("rewarded", "no_reward", "error", "timeout", "rubric_error")
 
 for _r in REJECT_REASONS:
     REJECTED.labels(_r)

@@ -4,9 +4,11 @@ The program is an async function `agent(base_url, row)`: `base_url` is an OpenAI
 of its own session (`<gateway>/sessions/<id>/v1`, so an unmodified `AsyncOpenAI(base_url=...)`
 client needs no headers), `row` one row of the data. It returns its reward (a number, or a
 dict with `reward` and other numbers as components), or anything a reward function
-(`--reward`, `f(row, result)`) scores. Each row's N sessions form one GRPO group. A session
-runs under a deadline; one that fails, times out or has no reward is ended without one, so
-the gateway dead-letters it (counted there and here), never trains on it.
+(`--reward`, `f(row, result)`) scores; with `--task`, the rows are the task's and a program
+that returns None is scored by the task's rubric (gateway.rubric). Each row's N sessions form
+one GRPO group. A session runs under a deadline; one that fails, times out, has no reward or
+whose rubric raises is ended without one, so the gateway dead-letters it (counted there and
+here), never trains on it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import httpx
 
 from gateway import metrics
+from gateway.rubric import RubricError, TaskRubric
 from searchr1.dotted import load_object
 
 log = logging.getLogger(__name__)
@@ -93,7 +96,7 @@ def reward_of(value: Any) -> tuple[float | None, dict[str, float]]:
 class SessionOutcome:
     session_id: str
     group_id: str
-    outcome: str  # rewarded | no_reward | error | timeout
+    outcome: str  # rewarded | no_reward | error | timeout | rubric_error
     reward: float | None = None
     error: str = ""
     status: str = ""  # the gateway's: ended | dead_lettered
@@ -118,6 +121,7 @@ class AgentRunner:
         program: AgentFn,
         *,
         reward: RewardFn | None = None,
+        task: TaskRubric | None = None,
         samples_per_row: int = 1,
         concurrency: int = 16,
         timeout_s: float = 600.0,
@@ -128,6 +132,7 @@ class AgentRunner:
         self.gateway_url = gateway_url.rstrip("/")
         self.program = program
         self.reward = reward
+        self.task = task
         self.samples_per_row = samples_per_row
         self.timeout_s = timeout_s
         self.run_id = run_id
@@ -186,10 +191,16 @@ class AgentRunner:
                     result = self.reward(row, result)
                     if inspect.isawaitable(result):
                         result = await result
-                out.reward, components = reward_of(result)
+                if result is None and self.task is not None:
+                    out.reward, components = await self._task_score(sid, row)
+                else:
+                    out.reward, components = reward_of(result)
                 out.outcome = "rewarded" if out.reward is not None else "no_reward"
                 if out.reward is None:
                     out.error = f"no reward: the program returned {result!r:.200}"
+            except RubricError as e:
+                out.outcome, out.error = "rubric_error", str(e)
+                components = {}
             except TimeoutError:
                 out.outcome, out.error = "timeout", f"no result within {self.timeout_s}s"
                 components = {}
@@ -206,3 +217,13 @@ class AgentRunner:
                 out.status = "unknown"
                 log.error("session not ended", extra={**context, "error": str(e)})
         return out
+
+    async def _task_score(self, sid: str, row: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        """The task's rubric on what the policy generated in session `sid`."""
+        assert self.task is not None
+        resp = await self.http.get(f"/v1/sessions/{sid}")
+        if resp.status_code >= 400:
+            raise RuntimeError(
+                f"gateway: session {sid}: HTTP {resp.status_code}: {resp.text[:300]}"
+            )
+        return await self.task.score(row, dict(resp.json()))

@@ -174,11 +174,19 @@ def create_app(
     @app.get("/v1/sessions/{session_id}", dependencies=guard)
     async def describe(session_id: str) -> dict[str, Any]:
         s = gateway.table.get(session_id)
+        last = s.segments[-1] if s.segments else None
+        decode = gateway.renderer.decode
         return {
             "id": s.id,
             "group_id": s.group.id,
+            "row_id": s.row_id,
             "turns": s.turns,
             "reward": s.reward,
+            # What a rubric scores (`agent run --task`): the latest segment's response as the
+            # orchestrator's Scorer sees one (model and template tokens, decoded from the ids),
+            # and each model message of it as generated (end-of-turn token included).
+            "response_text": decode(last.response_ids) if last else "",
+            "turn_texts": [decode(ids) for ids in last.model_ids()] if last else [],
             "segments": [
                 {
                     "index": seg.index,

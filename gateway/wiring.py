@@ -16,6 +16,7 @@ from gateway.bridge import Renderer
 from gateway.config import AgentConfig, GatewayConfig
 from gateway.core import Gateway
 from gateway.publish import Publisher
+from gateway.rubric import TaskRubric
 from gateway.runner import AgentRunner, RunSummary, load_program, load_reward, load_rows
 from gateway.server import create_app
 from searchr1.bus import TrajectoryBus
@@ -91,15 +92,23 @@ async def run_agents(
     """Every row's group of sessions through the agent program (`searchr1 agent run`)."""
     if not cfg.program:
         raise ValueError("agent.program is not set (--program module:function)")
-    if not cfg.data_path:
-        raise ValueError("agent.data_path is not set (--data rows.jsonl)")
+    if cfg.task and cfg.data_path:
+        raise ValueError("agent.task (--task) and agent.data_path (--data): set one (the rows)")
+    if not cfg.data_path and not cfg.task:
+        raise ValueError("agent.data_path is not set (--data rows.jsonl, or --task NAME)")
     program = load_program(cfg.program)
     reward = load_reward(cfg.reward) if cfg.reward else None
-    rows = load_rows(Path(cfg.data_path), cfg.limit)
+    task = TaskRubric.load(cfg.task, cfg.task_options) if cfg.task else None
+    if task is not None:
+        rows = task.rows(cfg.split, cfg.limit)
+    else:
+        assert cfg.data_path is not None
+        rows = load_rows(Path(cfg.data_path), cfg.limit)
     runner = AgentRunner(
         cfg.gateway_url,
         program,
         reward=reward,
+        task=task,
         samples_per_row=cfg.samples_per_row or group_size,
         concurrency=cfg.concurrency,
         timeout_s=cfg.timeout_s,
