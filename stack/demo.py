@@ -271,9 +271,9 @@ def write_stack_config(
         # SGLang does not report its dtype: the trainer casts to the one it was started with.
         data["trainer"]["weight_push"]["dtype"] = data["inference"]["sglang"]["dtype"]
     if cfg.placement == "colocated":  # sync only: the stack config refuses async with it
-        data["placement"] = "colocated"
+        data["placement"] = "colocated"  # sets the hand-over and the release (PLACEMENT_SETS)
         push = data["trainer"]["weight_push"]
-        push.update(mode="handover", release_engines_while_training=True)
+        push.pop("mode", None)
         data["trainer"]["offload_between_steps"] = ["optimizer", "reference"]
         push.pop("master_port", None)
         push.pop("backend", None)
