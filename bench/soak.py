@@ -10,8 +10,8 @@ kinds) is injected every `--fault-every-s` and recovered from. Every `--sample-s
   descendant: RSS, open file descriptors, threads;
 - Redis: `used_memory`, the key count, each stream's length (the bus, its dead letters), and
   at the end its keys by family (count and bytes): what a growing figure is made of;
-- the bytes allocated under the run directory, in all and by its parts (Redis's AOF,
-  checkpoints, the services' logs, the trainer's step lines);
+- the bytes allocated under the run directory by its parts (Redis's AOF, checkpoints, the
+  services' logs, the trainer's step lines), and in all but the records (`disk_state_mb`);
 - the step time (the median gap of the trainer's last 8 step lines).
 
 After the run each figure's growth per hour is fitted over its samples after `--warmup-s` and
@@ -23,8 +23,10 @@ kills each service about once every 8 faults).
 The bus keeps consumed trajectory ids for `bus.dedup_retention_s` (7 days): bounded, but far
 beyond a soak, where it would read as a climb; the soak sets it to `--dedup-retention-s` (600 s,
 about the warm-up) so that bound is reached and must hold while the figures are fitted; likewise
-Redis rewrites its AOF from 2 MB (`AOF_REWRITE_MIN`) instead of 64 MB. Logs and step lines are
-records, one line per event: they grow with the run by design and are figures of their own.
+Redis rewrites its AOF from 2 MB (`AOF_REWRITE_MIN`) instead of 64 MB. The services' logs and
+the trainer's step lines are records, a line per event: they grow with the run by design (`searchr1
+local` does not rotate logs), so their figures are printed with the verdict `record`, never
+counted as leaks. Every sample is written to `<out>/soak_samples.json`.
 
 Its last line: `<figure>_per_h=<growth per hour>` for every figure (MB for memory and disk,
 counts for the rest, seconds for the step time), then `leaks=N`. Exit 1 when a figure leaks
@@ -40,6 +42,7 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import shutil
@@ -73,6 +76,7 @@ from harness.soak import (
 from searchr1.redis_server import RedisServer, free_port
 
 MB = 2**20
+RECORD = "record"  # the verdict of a record's figure (the module docstring)
 # Redis rewrites its AOF once it has doubled since the last rewrite and is at least this big
 # (64 MB by default: hours of a soak's writes, which would read as a climb).
 AOF_REWRITE_MIN = "2mb"
@@ -125,6 +129,10 @@ class Samples:
 
     series: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
     start: float = field(default_factory=time.monotonic)
+    records: set[str] = field(default_factory=set)  # the run directory's parts that are records
+
+    def is_record(self, figure: str) -> bool:
+        return any(figure == f"disk_{figure_name(name)}_mb" for name in self.records)
 
     def add(self, figure: str, value: float, at: float) -> None:
         times, values = self.series.setdefault(figure, ([], []))
@@ -158,12 +166,12 @@ def sample(
         else:
             out.add(f"redis_{key}" + ("_mb" if key == "used_memory" else ""),
                     value / MB if key == "used_memory" else value, now)  # fmt: skip
-    total = 0
+    state = 0
     for entry in sorted(run_dir.iterdir()):  # each part apart: what a growing total is made of
         size = disk_bytes(entry)
         out.add(f"disk_{figure_name(entry.name)}_mb", size / MB, now)
-        total += size
-    out.add("disk_mb", total / MB, now)
+        state += 0 if entry.name in out.records else size
+    out.add("disk_state_mb", state / MB, now)
     gaps = [b - a for a, b in zip(monitor.step_times[-9:], monitor.step_times[-8:], strict=False)]
     if len(gaps) >= 3:
         out.add("step_s", statistics.median(gaps), now)
@@ -223,10 +231,12 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
     data.setdefault("bus", {})["dedup_retention_s"] = cfg.dedup_retention_s
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(path, data, server)
-    monitor = Monitor(server.url, stack.cfg.bus.stream, Path(data["trainer"]["metrics_jsonl"]))
+    jsonl = Path(data["trainer"]["metrics_jsonl"])
+    monitor = Monitor(server.url, stack.cfg.bus.stream, jsonl)
     client = redis.Redis.from_url(server.url, socket_timeout=2.0, socket_connect_timeout=2.0)
     faults = FaultLoop(cfg, stack, monitor, {"proxies": proxies, "links": links})
     samples = Samples()
+    samples.records = {Path(data["local"]["log_dir"]).name, jsonl.name}
     families: dict[str, tuple[int, int]] = {}
     try:
         stack.thread.start()
@@ -267,18 +277,23 @@ def verdicts(cfg: SoakConfig, samples: Samples) -> list[Growth]:
     ]
 
 
-def report(results: list[Growth]) -> str:
+def leaks(results: list[Growth], samples: Samples) -> list[str]:
+    return [g.figure for g in results if g.leak and not samples.is_record(g.figure)]
+
+
+def report(results: list[Growth], samples: Samples) -> str:
     """A table of every figure, and the last line."""
     head = ("figure", "n", "level", "per_h", "rel/h", "p")
     print("{:34s} {:>5s} {:>10s} {:>10s} {:>7s} {:>8s}  verdict".format(*head))
     for g in results:
         step = " (one step fits better)" if g.step_fits_better and g.per_h > 0 else ""
+        verdict = RECORD if samples.is_record(g.figure) else g.verdict
         print(
             f"{g.figure:34s} {g.samples:5d} {g.level:10.2f} {g.per_h:10.3f} "
-            f"{g.rel_per_h:7.1%} {g.p:8.2g}  {g.verdict}{step}"
+            f"{g.rel_per_h:7.1%} {g.p:8.2g}  {verdict}{step}"
         )
     pairs = [f"{g.figure}_per_h={g.per_h:.3f}" for g in results]
-    return " ".join([*pairs, f"leaks={sum(g.leak for g in results)}"])
+    return " ".join([*pairs, f"leaks={len(leaks(results, samples))}"])
 
 
 def failures(cfg: SoakConfig, stack: Stack, samples: Samples, faults: list[Fault]) -> list[str]:
@@ -352,16 +367,18 @@ def main() -> int:
     start = time.monotonic()
     samples, faults, stack, families = run(cfg)
     results = verdicts(cfg, samples)
+    saved = {"records": sorted(samples.records), "series": samples.series}
+    (cfg.out_dir / "soak_samples.json").write_text(json.dumps(saved))
     restarts = {c.spec.name: c.restarts for c in stack.sup.children}
     print(f"wall_s={time.monotonic() - start:.0f} faults={len(faults)} restarts={restarts}")
     print("redis keys by family at the end (count, bytes):")
     for family, (count, size) in sorted(families.items(), key=lambda kv: -kv[1][1])[:10]:
         print(f"  {family:60s} {count:7d} {size:10d}")
-    line = report(results)
+    line = report(results, samples)
     why = failures(cfg, stack, samples, faults)
-    leaks = [g.figure for g in results if g.leak]
-    if leaks and not args.allow_leaks:
-        why.append(f"leaks: {', '.join(leaks)}")
+    leaking = leaks(results, samples)
+    if leaking and not args.allow_leaks:
+        why.append(f"leaks: {', '.join(leaking)}")
     for reason in why:
         print(f"FAILED: {reason}", flush=True)
         print(f"soak: FAILED: {reason}", file=sys.stderr, flush=True)

@@ -31,10 +31,16 @@ def test_the_soak_short_form_samples_every_service_and_fits_every_figure(tmp_pat
     assert proc.returncode == 0, out
     values = dict(kv.split("=", 1) for kv in proc.stdout.strip().splitlines()[-1].split())
     figures = [f"{s}_{f}_per_h" for s in SERVICES for f in ("rss_mb", "fds", "threads")]
-    figures += ["redis_used_memory_mb_per_h", "redis_keys_per_h", "disk_mb_per_h", "step_s_per_h"]
+    figures += [
+        "redis_used_memory_mb_per_h",
+        "redis_keys_per_h",
+        "disk_state_mb_per_h",
+        "step_s_per_h",
+    ]
     figures += ["stream_searchr1_trajectories_len_per_h"]
     missing = [f for f in figures if f not in values]
     assert not missing, out
     assert list(values)[-1] == "leaks" and int(values["leaks"]) >= 0, out
     assert "fault 1: freeze:redis" in proc.stdout, out  # a sample meets Redis frozen: skipped
     assert "redis keys by family" in proc.stdout, out
+    assert "disk_logs_mb_per_h" in values and (tmp_path / "soak_samples.json").exists(), out
