@@ -48,6 +48,7 @@ METRIC_MODULES = [
     "searchr1.service",
     "searchr1.bus",
     "searchr1.redis_retry",
+    "gateway.metrics",
 ]
 
 
@@ -222,6 +223,11 @@ def test_dashboard_queries_real_metrics() -> None:
         "searchr1_bus_backlog",
         "smg_router_requests_total",
         "smg_worker_health",
+        "searchr1_gateway_live_sessions",
+        "searchr1_gateway_rejected_total",
+        "searchr1_gateway_dead_lettered_sessions_total",
+        "searchr1_gateway_groups_total",
+        "searchr1_gateway_engine_seconds_bucket",
     ):
         assert name in used
 
@@ -239,3 +245,18 @@ def test_the_router_row_shows_only_router_metrics() -> None:
         assert router == (row == "Router (sglang-router)"), p["title"]
         if router:
             assert all("smg_" in t["expr"] and "searchr1_" not in t["expr"] for t in p["targets"])
+
+
+def test_the_gateway_row_holds_the_gateway_panels() -> None:
+    """The gateway's panels (empty without the gateway) are in their own row, and only they
+    query its metrics."""
+    dash = json.loads((stack.CHART / "dashboards" / "searchr1.json").read_text())
+    row, seen = None, 0
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            row = p["title"]
+            continue
+        gateway = any("searchr1_gateway_" in t["expr"] for t in p["targets"])
+        assert gateway == (row == "Gateway (agent programs)"), p["title"]
+        seen += gateway
+    assert seen == 5

@@ -80,6 +80,7 @@ async def test_failures_and_timeouts_are_dead_lettered(make_rig) -> None:  # typ
         "error": 1,
         "timeout": 1,
         "no_reward": 1,
+        "rubric_error": 0,
     }
     dead = await rig.dead()
     assert sorted(d["tid"] for d in dead) == [b"f.0.0/0", b"f.1.0/0", b"f.2.0/0"]
