@@ -63,9 +63,8 @@ async def test_failures_and_timeouts_are_dead_lettered(make_rig) -> None:  # typ
         return "no number"
 
     before = {k: metrics.AGENT_SESSIONS.labels(k)._value.get() for k in metrics.AGENT_OUTCOMES}
-    runner = AgentRunner(
-        "http://gateway", agent, timeout_s=5.0, run_id="f"
-    )  # slack for a busy machine
+    # 5 s: the slow one times out, the others answer in time even on a busy machine
+    runner = AgentRunner("http://gateway", agent, timeout_s=5.0, run_id="f")
     runner.http = rig.http()
     rows = [{"kind": "boom"}, {"kind": "slow"}, {"kind": "text"}]
     summary = await runner.run(rows)
