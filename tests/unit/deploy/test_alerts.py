@@ -41,6 +41,8 @@ EXPECTED_ALERTS = {
     "SearchR1RetrieverBreakerOpen",
     "SearchR1TrainerLeaseLost",
     "SearchR1CheckpointDiskFull",
+    "SearchR1GatewaySessionsDeadLettered",
+    "SearchR1GatewayRejectionsHigh",
 }
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
