@@ -132,9 +132,9 @@ class SimEngine:
     def flush(self) -> None:
         self.cache.clear()
 
-    def _done(self, req: Req, n: int, how: str) -> None:
+    def _done(self, req: Req, n: int, how: str, prefilled: bool = True) -> None:
         self.stats.finished += 1
-        if req.prompt:
+        if req.prompt and prefilled:
             self.cache.insert([*req.prompt, *req.output[: n // self.cost.token_unit]])
         if not req.fut.done():
             req.fut.set_result((n, how))
@@ -214,7 +214,7 @@ class SimEngine:
                 self.stats.aborted_tokens += done
                 self._done(req, done, "abort")
             for req in self.waiting:
-                self._done(req, 0, "abort")
+                self._done(req, 0, "abort", prefilled=False)
             self.running.clear()
             self.waiting.clear()
             self.heap.clear()

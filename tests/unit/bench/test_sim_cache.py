@@ -111,6 +111,25 @@ async def test_a_finished_request_leaves_its_conversation_for_the_next_call() ->
         runner.cancel()
 
 
+async def test_an_abort_caches_what_was_prefilled_only() -> None:
+    clock = Clock(1.0)
+    cost = EngineCost(step_fixed_s=0.01, step_per_seq_s=0.0, step_per_kv_token_s=0.0,
+                      max_running=1)  # fmt: skip
+    engine = SimEngine(cost, clock)
+    runner = asyncio.create_task(engine.run())
+    try:
+        running, waiting = list(range(32)), list(range(100, 132))
+        calls = [asyncio.create_task(engine.generate(1000, 32, prompt=ids, output=[7] * 16))
+                 for ids in (running, waiting)]  # fmt: skip
+        await asyncio.sleep(0.05)  # the first admitted, the second waiting for a place
+        engine.pause("abort")
+        (n, how, *_), (m, how_waiting, *_) = [await c for c in calls]
+        assert (how, how_waiting, m) == ("abort", "abort", 0) and n < 1000
+        assert engine.cache.match(running) == 32 and engine.cache.match(waiting) == 0
+    finally:
+        runner.cancel()
+
+
 def test_the_areal_shape_is_areals_published_setting() -> None:
     shape = SHAPES["areal"]
     # 512 prompts x 16 on 16 nodes of 8 GPUs, 3/4 of them SGLang engines, at 1/16: the same
