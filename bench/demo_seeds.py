@@ -5,6 +5,7 @@ without dynamic sampling, on one world and one warm start.
     python -m bench.demo_seeds --quick --seeds 1 --modes plain      # smallest: one quick demo
     python -m bench.demo_seeds --task guess-number --modes plain    # another task's demo
     python -m bench.demo_seeds --warm-start-from runs/demo    # a finished demo's warm start
+    python -m bench.demo_seeds --task guess-number --modes plain --sampled 8  # + sampled success
 
 Each run is `searchr1 demo --train-seed S [--dynamic-sampling] --warm-start-from <first run>`
 (the warm start is deterministic per world seed, so it is computed once, or taken from
@@ -12,7 +13,9 @@ Each run is `searchr1 demo --train-seed S [--dynamic-sampling] --warm-start-from
 whose `eval_after.json` exists is not run again: the sweep can be stopped and resumed. Prints
 held-out EM per seed and mode, the minimum and mean per mode, the share of seeds at EM >= 0.9
 (issue 27's bar), and the gain over the warm start (its minimum, and the share of seeds that
-gained >= 0.15: issue 42's bar). The last line is key=value pairs.
+gained >= 0.15: issue 42's bar). `--sampled N` (a task with an environment) also plays each eval
+game N times at the demo's training temperature with the warm and the trained model, in this
+process: the sampled success besides the greedy one. The last line is key=value pairs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def run(
     warm_from: Path | None,
     quick: bool = False,
     task: str = "search-r1",
+    sampled: int = 0,
 ) -> dict[str, float]:
     if not (out / "eval_after.json").exists():
         cmd = [
@@ -64,7 +68,14 @@ def run(
     metrics = [json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines()]
     after = summary_row(json.loads((out / "eval_after.json").read_text()))
     before = summary_row(json.loads((out / "eval_before.json").read_text()))
-    return {"em": after["em"], "gain": after["em"] - before["em"], "train_steps": len(metrics)}
+    result = {"em": after["em"], "gain": after["em"] - before["em"], "train_steps": len(metrics)}
+    if sampled:
+        from stack.demo_task import sampled_success
+
+        warm = (warm_from or out) / "model-warm"
+        result["sampled_before"] = sampled_success(task, 0, warm, sampled)
+        result["sampled_after"] = sampled_success(task, 0, out / "model-trained", sampled)
+    return result
 
 
 def main() -> None:
@@ -84,6 +95,12 @@ def main() -> None:
         default=None,
         help="a finished demo's out dir (same task, world seed 0): its warm start for every run",
     )
+    ap.add_argument(
+        "--sampled",
+        type=int,
+        default=0,
+        help="also play each eval game N times sampled (a task with an environment): 0 = off",
+    )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
@@ -92,14 +109,23 @@ def main() -> None:
     warm_from: Path | None = args.warm_start_from
     em: dict[str, dict[int, float]] = {m: {} for m in modes}
     gain: dict[str, dict[int, float]] = {m: {} for m in modes}
+    sampled_gain: dict[str, dict[int, float]] = {m: {} for m in modes}
     for seed in seeds:  # seeds outermost: a stopped sweep still has both modes per seed
         for mode in modes:
             out = (args.out / f"{mode}-seed{seed}").resolve()
-            result = run(out, seed, mode == "dynamic", warm_from, args.quick, args.task)
+            result = run(
+                out, seed, mode == "dynamic", warm_from, args.quick, args.task, args.sampled
+            )
             warm_from = warm_from or out
             em[mode][seed], gain[mode][seed] = result["em"], result["gain"]
+            if args.sampled:
+                sampled_gain[mode][seed] = result["sampled_after"] - result["sampled_before"]
+            sampled = "".join(
+                f" {k}={result[k]:.3f}" for k in ("sampled_before", "sampled_after") if k in result
+            )
             print(
-                f"seed={seed} mode={mode} em_after={result['em']:.3f} gain={result['gain']:.3f}",
+                f"seed={seed} mode={mode} em_after={result['em']:.3f} gain={result['gain']:.3f}"
+                + sampled,
                 flush=True,
             )
     line: dict[str, float | str] = {"task": args.task}
@@ -112,6 +138,9 @@ def main() -> None:
         line[f"{mode}_gain_min"] = round(min(gains), 3)
         line[f"{mode}_gain_mean"] = round(statistics.fmean(gains), 3)
         line[f"{mode}_learned"] = round(sum(g >= GOAL_GAIN for g in gains) / len(gains), 3)
+        if sampled_gain[mode]:
+            mean = statistics.fmean(sampled_gain[mode].values())
+            line[f"{mode}_sampled_gain_mean"] = round(mean, 3)
     print(" ".join(f"{k}={v}" for k, v in line.items()))
 
 
