@@ -46,15 +46,12 @@ class TaskRubric:
         """ValueError naming `--task` / `--task-options` when the task cannot be built."""
         try:
             task = load_task(TaskConfig(name=name, options=dict(options or {})))
-        except HookError as e:
-            msg = (
-                str(e)
-                .replace(FIELD, TASK_FIELD)
-                .replace("orchestrator.task.options", "--task-options")
-            )
-            raise ValueError(
-                msg if TASK_FIELD in msg or "--task-options" in msg else f"{TASK_FIELD}: {msg}"
-            ) from None
+        except HookError as e:  # it names the orchestrator's fields: here they are ours
+            msg = str(e).replace(FIELD, TASK_FIELD)
+            msg = msg.replace("orchestrator.task.options", "--task-options")
+            if TASK_FIELD not in msg and "--task-options" not in msg:
+                msg = f"{TASK_FIELD}: {msg}"
+            raise ValueError(msg) from None
         return cls(task)
 
     def rows(self, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
@@ -97,7 +94,9 @@ class TaskRubric:
                 f"task {self.task.name!r}: the rubric gave {scored!r:.200}, no finite reward"
             )
         components = {
-            k: float(v) for k, v in scored.items() if k != "reward" and isinstance(v, int | float)
+            k: float(v)
+            for k, v in scored.items()
+            if k != "reward" and isinstance(v, int | float) and math.isfinite(v)
         }
         return float(reward), components
 

@@ -226,4 +226,7 @@ class AgentRunner:
             raise RuntimeError(
                 f"gateway: session {sid}: HTTP {resp.status_code}: {resp.text[:300]}"
             )
-        return await self.task.score(row, dict(resp.json()))
+        try:  # a hung episode or rubric (a judge over HTTP) is the rubric's failure
+            return await asyncio.wait_for(self.task.score(row, dict(resp.json())), self.timeout_s)
+        except TimeoutError:
+            raise RubricError(f"the task's rubric gave no score within {self.timeout_s}s") from None

@@ -4,6 +4,7 @@ raises dead-letters the session (counted); a task that cannot be loaded is a CLI
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -50,6 +51,12 @@ class Broken(Capitals):
         raise KeyError("golds")
 
 
+class Hung(Capitals):
+    async def score(self, sample: Sample, episode: Episode) -> dict[str, float]:  # type: ignore[override]
+        await asyncio.sleep(60)  # a judge that never answers
+        return {"reward": 1.0}
+
+
 def answer_once(rig: Any) -> Any:
     """An agent that asks once and leaves the reward to the task."""
 
@@ -64,8 +71,12 @@ async def no_reward(base_url: str, row: dict[str, Any]) -> None:
     """For the CLI's checks (never run)."""
 
 
-async def run(rig: Any, task: TaskRubric, rows: list[dict[str, Any]], agent: Any) -> RunSummary:
-    runner = AgentRunner("http://gateway", agent, task=task, run_id="t", concurrency=1)
+async def run(
+    rig: Any, task: TaskRubric, rows: list[dict[str, Any]], agent: Any, timeout_s: float = 600.0
+) -> RunSummary:
+    runner = AgentRunner(
+        "http://gateway", agent, task=task, run_id="t", concurrency=1, timeout_s=timeout_s
+    )
     runner.http = rig.http()
     try:
         return await runner.run(rows)
@@ -122,14 +133,17 @@ async def test_an_episode_task_replays_the_policy_messages(make_rig) -> None:  #
     assert [t.reward.components["guesses"] for t in trajs] == [2.0, 2.0]
 
 
-async def test_a_rubric_that_raises_dead_letters_the_session(make_rig) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("name", "error"), [("Broken", "KeyError"), ("Hung", "within 3.0s")])
+async def test_a_rubric_that_fails_dead_letters_the_session(
+    make_rig, name: str, error: str
+) -> None:  # type: ignore[no-untyped-def]
     rig = make_rig(["<answer> Paris </answer>" + EOT])
     before = metrics.AGENT_SESSIONS.labels("rubric_error")._value.get()
-    task = TaskRubric.load(f"{HERE}:Broken")
-    summary = await run(rig, task, task.rows("train")[:1], answer_once(rig))
+    task = TaskRubric.load(f"{HERE}:{name}")
+    summary = await run(rig, task, task.rows("train")[:1], answer_once(rig), timeout_s=3.0)
     s = summary.sessions[0]
     assert (s.outcome, s.reward, s.status) == ("rubric_error", None, "dead_lettered")
-    assert "KeyError" in s.error and "capitals" in s.error
+    assert error in s.error
     assert metrics.AGENT_SESSIONS.labels("rubric_error")._value.get() == before + 1
     assert [d["reason"] for d in await rig.dead()] == [b"no_reward"]
     assert await rig.published(1) == []
