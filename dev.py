@@ -431,7 +431,7 @@ def _workers(args: list[str]) -> list[str]:
 
 def run_slow_tests(args: list[str]) -> int:
     """The `slow`-marked tests the default suite leaves out (multi-rank Megatron parity, the
-    3-fault chaos run, the soak's 45 s short form, three orchestrators with a kill, the fuzz run,
+    3-fault chaos run, the soak's 40 s short form, three orchestrators with a kill, the fuzz run,
     demo-sized runs): CI runs them as their own step so `dev.py test` stays a few minutes."""
     ensure_prometheus()
     ensure_nftables()

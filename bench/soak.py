@@ -76,6 +76,7 @@ from harness.soak import (
 from searchr1.redis_server import RedisServer, free_port
 
 MB = 2**20
+RECOVER_S = 300.0  # a fault not recovered within this fails the soak
 RECORD = "record"  # the verdict of a record's figure (the module docstring)
 # Redis rewrites its AOF once it has doubled since the last rewrite and is at least this big
 # (64 MB by default: hours of a soak's writes, which would read as a climb).
@@ -199,7 +200,7 @@ class FaultLoop(threading.Thread):
             )
             self.faults.append(fault)
             print(f"fault {i + 1}: {kind} at step {self.monitor.steps_done}", flush=True)
-            wait_recovered(fault, self.stack, self.monitor, service, pid, proxies, 300.0)
+            wait_recovered(fault, self.stack, self.monitor, service, pid, proxies, RECOVER_S)
             rec = "-" if fault.recover_s is None else f"{fault.recover_s:.1f}s"
             print(f"  recovered: {rec}", flush=True)
 
@@ -252,13 +253,15 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
         while time.monotonic() < end and not stack.done:
             sample(stack, client, monitor, run_dir, samples)
             time.sleep(max(0.0, min(cfg.sample_s, end - time.monotonic())))
+        faults.stop_event.set()  # no new fault; the one under way recovers (or times out) first
+        faults.join(cfg.freeze_s[1] + RECOVER_S + 10)
         try:
             families = key_families(client)
         except redis.RedisError:
             families = {}
     finally:
         faults.stop_event.set()
-        faults.join(cfg.freeze_s[1] + 10)  # a freeze under way ends (SIGCONT) first
+        faults.join(cfg.freeze_s[1] + 10)  # interrupted: a freeze under way ends (SIGCONT) first
         stack.stop()
         monitor.stop_event.set()
         monitor.join(5)
