@@ -62,7 +62,7 @@ DEMO = {"demo_seeds", "demo_runs"}
 ELSEWHERE = {
     "chaos": "tests/integration/test_chaos.py (slow: --quick --no-baseline, 3 runs, ~7 min)",
     "pipeline": "tests/integration/test_pipeline_bench.py (slow: --shape tiny)",
-    "soak": "tests/integration/test_soak.py (slow: --quick --duration-s 45, ~3 min)",
+    "soak": "tests/integration/test_soak.py (slow: --quick --duration-s 40, ~3 min)",
 }
 HELPERS = {
     "pipeline_model": "bench/pipeline.py's cost model (no main)",
