@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import uvicorn
 from openai import AsyncOpenAI
 from typer.testing import CliRunner
 
@@ -18,6 +19,7 @@ from gateway.runner import AgentRunner, RunSummary
 from orchestrator.config import ActionFormat, ToolConfig
 from orchestrator.sample import Prompt, Sample
 from orchestrator.tasks.base import Episode, LoopTools, Split, Task
+from searchr1.redis_server import free_port
 from stack.cli import app as searchr1
 from tests.unit.gateway.conftest import EOT
 
@@ -68,7 +70,9 @@ def answer_once(rig: Any) -> Any:
 
 
 async def no_reward(base_url: str, row: dict[str, Any]) -> None:
-    """For the CLI's checks (never run)."""
+    """A plain openai-client program that leaves the reward to the task (`agent run`)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    await client.chat.completions.create(model="p", messages=row["messages"])
 
 
 async def run(
@@ -82,6 +86,33 @@ async def run(
         return await runner.run(rows)
     finally:
         await runner.aclose()
+
+
+async def test_agent_run_scores_by_the_task(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """`searchr1 agent run --task` end to end: the gateway's app on a loopback port, the CLI
+    (in a thread: it runs its own event loop) with a program that returns None."""
+    rig = make_rig(["<answer> Paris </answer>" + EOT])
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(rig.app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        args = ["agent", "run", "--program", f"{HERE}:no_reward", "--task", f"{HERE}:Capitals"]
+        args += ["--gateway-url", f"http://127.0.0.1:{port}", "-n", "1", "--run-id", "cli"]
+        result = await asyncio.to_thread(CliRunner().invoke, searchr1, args)
+    finally:
+        server.should_exit = True
+        await serving
+    assert result.exit_code == 0, result.output
+    assert "sessions=2 rewarded=2 mean_reward=0.5000" in result.output
+    trajs = sorted(await rig.published(2), key=lambda t: t.prompt_id)
+    assert [(t.prompt_id, t.reward.total) for t in trajs] == [
+        ("capitals/train/0", 1.0),
+        ("capitals/train/1", 0.0),
+    ]
 
 
 @pytest.mark.parametrize("name", ["Capitals", "SearchCapitals"])
