@@ -112,9 +112,13 @@ class LinkProxy:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            # Let them finish before the loop stops: a task destroyed while pending (a stalled
+            # connection's) is finalized later by the garbage collector, at any point of the
+            # test process (it broke pytest's assertion rewriting once: a SystemError).
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
