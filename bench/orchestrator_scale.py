@@ -126,7 +126,10 @@ def write_config(
                 "observation_max_tokens": 500,
                 "max_concurrent_samples": args.max_concurrent,
             },
-            "search": {"retriever_url": urls["retriever"], "max_concurrency": args.max_concurrent},
+            "search": {
+                "retriever_url": urls["retriever"],
+                "limits": {"max_concurrency": args.max_concurrent},
+            },
             "partition": {"worker_id": f"orch-{i}"},
         },
     }
