@@ -59,7 +59,7 @@ class TaskDemo:
 TASK_DEMOS: dict[str, TaskDemo] = {
     # 16 numbers, 4 guesses: binary search wins 15 in 16 games; a policy that does not use
     # the feedback wins about 1 in 4. The warm start sees binary search on a few secrets.
-    # Tried and not better in 13-23 steps (docs/benchmarks.md, runs 8-10): the task's random
+    # Tried and not better in 13-40 steps (docs/benchmarks.md, runs 8-10): the task's random
     # demonstration, information_bonus, 4 optimizer steps per batch at lr 5e-4.
     "guess-number": TaskDemo(
         options={"high": 16, "train_size": 512, "eval_size": 64, "consistency_bonus": 0.1},
