@@ -47,13 +47,19 @@ async def update_session(
     engines: Sequence[SessionEngine], pause_mode: str | None
 ) -> AsyncIterator[Timing]:
     """Pause (`pause_mode` None: no pause), open every engine's session, run the body, close
-    the sessions that opened and resume. An engine that fails to open fails the push (after
-    the others are closed again); after a failed body, a close error is only logged."""
+    the sessions that opened and resume. An engine that fails to pause or to open fails the
+    push (after the others are closed again and every engine is resumed); after a failed body,
+    a close error is only logged."""
     timing = Timing()
     paused_at = time.perf_counter()
-    if pause_mode:
-        await asyncio.gather(*(c.pause_generation(pause_mode) for c in engines))
     try:
+        if pause_mode:  # all asked; one that fails fails the push, the others are resumed below
+            paused = await asyncio.gather(
+                *(c.pause_generation(pause_mode) for c in engines), return_exceptions=True
+            )
+            refused = next((r for r in paused if isinstance(r, BaseException)), None)
+            if refused is not None:
+                raise refused
         opened = await asyncio.gather(*(open_session(c) for c in engines), return_exceptions=True)
         in_session = [c for c, ok in zip(engines, opened, strict=True) if ok is True]
         failure = next((r for r in opened if isinstance(r, BaseException)), None)
