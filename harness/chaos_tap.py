@@ -33,6 +33,9 @@ from typing import Any
 
 import redis
 
+# XINFO STREAM's `entries-added`, the count the tap checks itself against, came with Redis 7.0.
+MIN_REDIS = (7, 0)
+
 log = logging.getLogger(__name__)
 
 _ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')  # one quoted argument of a MONITOR line
@@ -105,6 +108,11 @@ class StreamTap(threading.Thread):
         if isinstance(entries, Exception):
             raise entries
         live = {f[b"tid"].decode() for _, f in entries if b"tid" in f}
+        if "entries-added" not in info:
+            raise RuntimeError(
+                "the stream tap needs Redis >= 7.0 (XINFO STREAM entries-added); start the bench's "
+                "Redis from such a binary (searchr1.redis_server.find_redis_binary(MIN_REDIS))"
+            )
         return int(info["entries-added"]), live
 
     def _settle_gap(self, added: int, live: set[str]) -> None:

