@@ -305,6 +305,28 @@ def fault_kinds(cfg: ChaosConfig, rng: random.Random) -> list[str]:
 # -- one run ---------------------------------------------------------------------------------
 
 
+def wire_fault_proxies(
+    data: dict[str, Any], seed: int
+) -> tuple[dict[str, FaultyProxy], dict[str, LinkProxy]]:
+    """Start the proxies the faults act on and point the stack config `data` through them: the
+    trainer pushes through the engine's faulty proxy (named over engines.urls), the orchestrator
+    generates over its link to the engine and searches over its link to the retriever's outage
+    proxy."""
+    engine_url = data["engines"]["urls"][0]
+    proxies = {
+        "engine": FaultyProxy(engine_url).start(),
+        "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
+    }
+    links = {
+        "inference": LinkProxy(engine_url, seed=seed).start(),
+        "retriever": LinkProxy(proxies["retriever"].url, seed=seed).start(),
+    }
+    data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
+    data["engines"]["urls"] = [links["inference"].url]
+    data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
+    return proxies, links
+
+
 def run_once(
     cfg: ChaosConfig,
     demo: DemoConfig,
@@ -333,21 +355,7 @@ def run_once(
         hosts.place_config(data, redis_server.port)
         stack_path = run_dir / "stack-hosts.yaml"
     else:
-        engine_url = data["engines"]["urls"][0]
-        proxies = {
-            "engine": FaultyProxy(engine_url).start(),
-            "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
-        }
-        # The orchestrator's links: to the engine, and to the retriever (its outage proxy).
-        links = {
-            "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
-            "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
-        }
-        # The trainer pushes through the faulty proxy (named over engines.urls), the orchestrator
-        # generates over its link.
-        data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-        data["engines"]["urls"] = [links["inference"].url]
-        data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
+        proxies, links = wire_fault_proxies(data, cfg.seed)
     where = {"checkpoint": Path(data["trainer"]["checkpoint"]["dir"]), "redis": run_dir / "redis"}
     disks: dict[str, SmallDisk] = {}
     for kind in set(schedule) & set(DISK_KINDS):

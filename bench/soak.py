@@ -60,11 +60,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 import yaml
 
-from bench.chaos import ChaosConfig, build_world, fault_kinds, write_run_config
+from bench.chaos import (
+    ChaosConfig,
+    build_world,
+    fault_kinds,
+    wire_fault_proxies,
+    write_run_config,
+)
 from harness.chaos_faults import CLUSTER_KINDS, DISK_KINDS, KINDS, Fault, inject, wait_recovered
-from harness.chaos_proxy import FaultyProxy
 from harness.chaos_stack import Monitor, Stack
-from harness.link_proxy import LinkProxy
 from harness.soak import (
     Growth,
     disk_bytes,
@@ -215,20 +219,7 @@ def run(cfg: SoakConfig) -> tuple[Samples, list[Fault], Stack, dict[str, tuple[i
     server = SoakRedis(port=free_port(), data_dir=run_dir / "redis")
     path, data = write_run_config(chaos, demo, run_dir, (index_dir, warm, rows), server.url)
     # The chaos bench's proxies, for its refused push, retriever outage and link faults.
-    engine_url = data["engines"]["urls"][0]
-    proxies = {
-        "engine": FaultyProxy(engine_url).start(),
-        "retriever": FaultyProxy(data["orchestrator"]["search"]["retriever_url"]).start(),
-    }
-    links = {
-        "inference": LinkProxy(engine_url, seed=cfg.seed).start(),
-        "retriever": LinkProxy(proxies["retriever"].url, seed=cfg.seed).start(),
-    }
-    # The trainer pushes through the faulty proxy (named over engines.urls), the orchestrator
-    # generates over its link.
-    data["trainer"]["weight_push"]["engine_urls"] = [proxies["engine"].url]
-    data["engines"]["urls"] = [links["inference"].url]
-    data["orchestrator"]["search"]["retriever_url"] = links["retriever"].url
+    proxies, links = wire_fault_proxies(data, cfg.seed)
     data.setdefault("bus", {})["dedup_retention_s"] = cfg.dedup_retention_s
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     stack = Stack(path, data, server)
