@@ -113,9 +113,14 @@ class Publisher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def publish(self, group_id: str, sessions: Sequence[Session]) -> None:
+        """A done group's trajectories to the bus; a group with none (every session
+        dead-lettered, or no model turn) is counted as dead-lettered."""
         trajectories = group_trajectories(sessions)
         if trajectories:
             self._spawn(self._publish(group_id, trajectories))
+        else:
+            metrics.GROUPS.labels("dead_lettered").inc()
+            log.warning("group dead-lettered: nothing to train on", extra={"group_id": group_id})
 
     def dead_letter(self, s: Session, reason: str, error: str) -> None:
         metrics.DEAD_SESSIONS.labels(reason).inc()

@@ -59,6 +59,23 @@ async def test_a_session_ended_without_reward_is_dead_lettered(make_rig) -> None
     assert (traj.trajectory_id, traj.group_size, traj.reward.total) == ("d-1/0", 1, 0.5)
 
 
+async def test_a_group_whose_sessions_all_died_is_counted_dead_lettered(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """searchr1_gateway_groups_total{outcome="dead_lettered"}: a group with nothing to train
+    on (every session dead-lettered) is finished and counted; it was never counted, so
+    published + dead-lettered did not add up to the groups finished."""
+    rig = make_rig(["a" + EOT])
+    group = {"X-Group-Id": "all-dead", "X-Group-Size": "2"}
+    await ask(rig.openai("x-0", **group), "q")
+    await ask(rig.openai("x-1", **group), "q")
+    dead, published = value(metrics.GROUPS, "dead_lettered"), value(metrics.GROUPS, "published")
+    await rig.gateway.end("x-0")
+    assert value(metrics.GROUPS, "dead_lettered") == dead  # x-1 still running
+    await rig.gateway.end("x-1")
+    assert await rig.published(1) == []
+    assert value(metrics.GROUPS, "dead_lettered") == dead + 1
+    assert value(metrics.GROUPS, "published") == published
+
+
 async def test_deadlines_dead_letter_open_sessions(make_rig) -> None:  # type: ignore[no-untyped-def]
     rig = make_rig(["a" + EOT], session_timeout_s=10, group_timeout_s=100)
     now = [0.0]
