@@ -11,9 +11,12 @@ part of it (a won game earns 1 + information_bonus whatever the path: the sum te
 The rubric sums them, less a small cost per guess beyond the fewest binary search needs; its
 `em` is the win alone. The rows are generated from a seed, the eval split disjoint from train.
 
-Its scripted demonstration (`demonstration` option) is binary search, or `random`: a guess drawn
+Its scripted demonstration (`demonstration` option) is binary search; `random`: a guess drawn
 uniformly from the numbers the answers so far leave, which follows the rules (the format, the
-feedback) but not the strategy: a demo warm-started on it has a strategy left to learn.
+feedback) but not the strategy; `scan`: linear search, the lowest number still possible (the
+first number of the last answer); or a mixture, `{binary-search: 0.3, scan: 0.7}`: each row
+plays one of them, drawn with these weights from the row's id. A demo warm-started on the
+mixture knows both strategies and mostly plays the worse one: RL has the choice to learn.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ INSTRUCTION = (
     "I am thinking of a whole number from 1 to {high}. Find it. Write each guess as "
     "<guess> N </guess>; after each guess I say higher or lower, and where it still can be."
 )
-DEMONSTRATIONS = ("binary-search", "random")
+DEMONSTRATIONS = ("binary-search", "random", "scan")
 INVALID = "Write your guess as <guess> N </guess> with a whole number from 1 to {high}."
 
 
@@ -39,6 +42,24 @@ def parse_guess(text: str) -> int | None:
     """The last `<guess> N </guess>` of a message, or None."""
     found = _GUESS.findall(text)
     return int(found[-1]) if found else None
+
+
+def demonstration_weights(value: Any) -> dict[str, float]:
+    """`options.demonstration`: a strategy's name, or a mapping of names to positive weights."""
+    weights = {value: 1.0} if isinstance(value, str) else value
+    if not isinstance(weights, dict) or not weights:
+        raise ValueError(
+            "options.demonstration must be a strategy's name or a mapping of names to weights, "
+            f"not {value!r}"
+        )
+    for name, weight in weights.items():
+        if name not in DEMONSTRATIONS:
+            raise ValueError(
+                f"options.demonstration must be one of {', '.join(DEMONSTRATIONS)}, not {name!r}"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ValueError(f"options.demonstration.{name}: a weight > 0, not {weight!r}")
+    return {name: float(weight) for name, weight in weights.items()}
 
 
 class GuessEpisode(Episode):
@@ -113,12 +134,9 @@ class GuessNumberTask(Task):
         self.guess_cost = float(self.options.get("guess_cost", 0.1))
         self.consistency_bonus = float(self.options.get("consistency_bonus", 0.0))
         self.information_bonus = float(self.options.get("information_bonus", 0.0))
-        self.demonstration_policy = str(self.options.get("demonstration", "binary-search"))
-        if self.demonstration_policy not in DEMONSTRATIONS:
-            raise ValueError(
-                f"options.demonstration must be one of {', '.join(DEMONSTRATIONS)}, "
-                f"not {self.demonstration_policy!r}"
-            )
+        self.demonstrations = demonstration_weights(
+            self.options.get("demonstration", "binary-search")
+        )
         # The fewest guesses that always suffice (binary search).
         self.par = math.ceil(math.log2(self.high + 1))
 
@@ -158,15 +176,26 @@ class GuessNumberTask(Task):
         reward = max(0.0, turns - self.guess_cost * extra)
         return {"reward": reward, "em": float(episode.solved), "guesses": float(episode.guesses)}
 
+    def demonstration_policy(self, prompt: Prompt) -> str:
+        """The strategy the row's demonstration plays (drawn from its id: the same every time)."""
+        if len(self.demonstrations) == 1:
+            return next(iter(self.demonstrations))
+        rng = random.Random(f"{self.seed}/{prompt.prompt_id}/policy")
+        names = list(self.demonstrations)
+        return rng.choices(names, weights=[self.demonstrations[n] for n in names])[0]
+
     def demonstration(self, prompt: Prompt) -> list[str]:
-        """Binary search to the row's secret, or random guesses among the numbers still
-        possible (`demonstration: random`, drawn from the row's id: the same every time)."""
+        """The row's strategy played to its secret: binary search, random guesses among the
+        numbers still possible (drawn from the row's id: the same every time), or a scan."""
         secret, low, high = int(prompt.golds[0]), 1, self.high
+        policy = self.demonstration_policy(prompt)
         rng = random.Random(f"{self.seed}/{prompt.prompt_id}")
         messages = []
         while True:
-            if self.demonstration_policy == "random":
+            if policy == "random":
                 guess = rng.randint(low, high)
+            elif policy == "scan":
+                guess = low
             else:
                 guess = (low + high) // 2
             messages.append(f"<guess> {guess} </guess>")

@@ -60,3 +60,39 @@ def test_the_information_bonus_pays_the_bits_an_answer_removes() -> None:
     assert sum(rewards) == pytest.approx(0.5 * math.log2(16 / 3) / 4)
     for path in ([5], [8, 4, 6, 5], [1, 2, 3, 4, 5]):
         assert sum(play(GuessEpisode(5, 16, information_bonus=0.5), path)) == pytest.approx(1.5)
+
+
+def test_scan_demonstrations_guess_the_lowest_number_still_possible() -> None:
+    task = GuessNumberTask({"high": 16, "demonstration": "scan"})
+    for prompt in task.rows("train")[:20]:
+        secret = int(prompt.golds[0])
+        assert [parse_guess(m) for m in task.demonstration(prompt)] == list(range(1, secret + 1))
+
+
+def test_a_mixture_plays_one_strategy_per_row_with_its_weights() -> None:
+    task = GuessNumberTask({"high": 16, "demonstration": {"binary-search": 0.3, "scan": 0.7}})
+    binary = GuessNumberTask({"high": 16})
+    scan = GuessNumberTask({"high": 16, "demonstration": "scan"})
+    rows = task.rows("train")
+    policies = [task.demonstration_policy(p) for p in rows]
+    assert set(policies) == {"binary-search", "scan"}
+    assert 0.25 < policies.count("binary-search") / len(rows) < 0.35  # 512 draws of 0.3
+    for p, policy in zip(rows[:50], policies, strict=False):
+        expected = binary if policy == "binary-search" else scan
+        assert task.demonstration(p) == expected.demonstration(p)
+        assert task.demonstration_policy(p) == policy  # the row's own draw, every time
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({"binary-search": 0.3, "linear": 0.7}, r"one of binary-search, random, scan, not .lin"),
+        ({"scan": 0}, r"options\.demonstration\.scan: a weight > 0, not 0"),
+        ({"scan": "much"}, r"options\.demonstration\.scan: a weight > 0"),
+        ({}, r"a strategy's name or a mapping"),
+        (3, r"a strategy's name or a mapping"),
+    ],
+)
+def test_a_bad_mixture_fails_naming_the_option(value: object, error: str) -> None:
+    with pytest.raises(HookError, match=error):
+        load_task(TaskConfig(name="guess-number", options={"demonstration": value}))
