@@ -22,7 +22,14 @@ from typing import Any, Literal
 import httpx
 from prometheus_client import Counter
 
-from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, Reply, dumps
+from searchr1.json_http import (
+    AiohttpJson,
+    HttpxJson,
+    JsonTransport,
+    Reply,
+    dumps,
+    httpx_client,
+)
 from searchr1.weightsync.protocol import Bucket, EngineRefused, GroupJoin
 
 log = logging.getLogger(__name__)
@@ -191,13 +198,10 @@ class InferenceClient:
             )
         else:
             self._http = HttpxJson(
-                httpx.AsyncClient(
-                    base_url=self.base_url,
+                httpx_client(
+                    self.base_url,
                     headers=headers,
-                    limits=httpx.Limits(
-                        max_connections=max_connections,
-                        max_keepalive_connections=max_connections,
-                    ),
+                    max_connections=max_connections,
                     transport=transport,  # tests: a flaky fake server; None: real connections
                 )
             )

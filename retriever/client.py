@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 import httpx
 
-from searchr1.json_http import AiohttpJson, HttpxJson, JsonTransport, Reply, dumps
+from searchr1.json_http import (
+    AiohttpJson,
+    HttpxJson,
+    JsonTransport,
+    Reply,
+    dumps,
+    httpx_client,
+)
 
 
 @dataclass(frozen=True)
@@ -65,12 +72,9 @@ class RetrieverClient:
             self._client = AiohttpJson(self.base_url, max_connections=max_connections)
         else:
             self._client = HttpxJson(
-                httpx.AsyncClient(
-                    base_url=self.base_url,
-                    limits=httpx.Limits(
-                        max_connections=max_connections,
-                        max_keepalive_connections=max_connections,
-                    ),
+                httpx_client(
+                    self.base_url,
+                    max_connections=max_connections,
                     transport=transport,  # None: httpx's own pool
                 )
             )
