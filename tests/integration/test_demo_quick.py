@@ -126,6 +126,7 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     import signal

@@ -299,6 +299,7 @@ async def drain(redis_url: str) -> list[Any]:
         await bus.close()
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 async def test_orchestrator_process_sync_mode_and_restart(stack: Stack, redis_server) -> None:  # type: ignore[no-untyped-def]
     import httpx
 

@@ -78,6 +78,7 @@ async def test_turns_meet_their_prefix_on_either_engine(engines, route) -> None:
         assert all(e.keys == 3 for e in pool.engines), [e.keys for e in pool.engines]
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 async def test_an_engine_that_goes_away_hands_its_keys_on_and_takes_new_ones_back(
     tiny_model_dir,  # type: ignore[no-untyped-def]
 ) -> None:

@@ -63,6 +63,7 @@ def test_bm25_server_matches_bm25s_directly(bm25_dir, rows):
     assert nothing.json() == {"result": [[]]}
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 async def test_hybrid_fuses_dense_and_bm25(corpus, rows):
     out = corpus.parent / "hybrid-index"
     build_index(corpus, out, BuildConfig(backend="hybrid", max_length=48, progress=False))

@@ -102,6 +102,7 @@ def test_import_references_the_files_and_copies_nothing(pair, imported):
     assert not (imported / "dense.faiss").exists()
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_served_results_match_brute_force_over_the_reference_vectors(pair, imported):
     _, rows, vecs = pair
     qs = synthetic.queries(5, corpus_rows=ROWS, corpus_seed=4, seed=9)

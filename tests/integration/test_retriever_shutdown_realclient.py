@@ -23,6 +23,7 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic.dense_index(tmp_path_factory.mktemp("dense"), 40)
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_a_group_sigterm_is_a_clean_exit_with_no_leak_report(index_dir: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(

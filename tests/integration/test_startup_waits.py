@@ -102,7 +102,7 @@ async def test_taking_the_lease_waits_for_a_frozen_redis(
 async def test_taking_the_lease_gives_up_at_its_deadline_naming_redis(
     redis_server: RedisServer,
 ) -> None:
-    bus = TrajectoryBus.from_url(redis_server.url, BusConfig())
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(socket_timeout_s=1.0))
     lease = RedisLease(bus.redis, "run:trainer-lease", ttl_s=5.0, redis_wait_s=1.0)
     try:
         with frozen(redis_server), pytest.raises(RedisUnavailable) as info:
@@ -132,13 +132,17 @@ async def test_the_holders_wait_counts_from_redis_answering(redis_server: RedisS
 async def test_the_bus_first_call_waits_for_a_frozen_redis(redis_server: RedisServer) -> None:
     """The trainer's and the orchestrator's other start-up calls (the bus, the orchestrator's
     markers and claims) share the policy; the bus's first read stands for them."""
-    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(reconnect_timeout_s=60.0))
+    bus = TrajectoryBus.from_url(
+        redis_server.url, BusConfig(reconnect_timeout_s=60.0, socket_timeout_s=1.0)
+    )
     try:
         with frozen(redis_server) as pid, thawed_once_retried(pid, "bus"):
             assert await bus.consume(4) == []
     finally:
         await bus.close()
-    short = TrajectoryBus.from_url(redis_server.url, BusConfig(reconnect_timeout_s=1.0))
+    short = TrajectoryBus.from_url(
+        redis_server.url, BusConfig(reconnect_timeout_s=1.0, socket_timeout_s=1.0)
+    )
     try:
         with (
             frozen(redis_server),
@@ -153,7 +157,7 @@ async def test_the_orchestrators_first_call_waits_for_a_frozen_redis(
     redis_server: RedisServer,
 ) -> None:
     """The orchestrator's first Redis call at start-up: its resume markers (`restore`)."""
-    bus = TrajectoryBus.from_url(redis_server.url, BusConfig())
+    bus = TrajectoryBus.from_url(redis_server.url, BusConfig(socket_timeout_s=1.0))
     markers = RunMarkers(bus.redis, "searchr1:orchestrator:run", RedisRetry("orchestrator", 60.0))
     try:
         with frozen(redis_server) as pid, thawed_once_retried(pid, "orchestrator"):
@@ -173,11 +177,20 @@ def _thaw_when_logged(pid: int, log: Path, needle: str, stop: threading.Event) -
     os.kill(pid, signal.SIGCONT)
 
 
+def _short_tries(trainer: Trainer) -> None:
+    """Each Redis try ends after 1 s (the default 5 s is what a frozen Redis costs per try;
+    the waits tested here are the retries', not one try's)."""
+    cfg = yaml.safe_load(trainer.config.read_text())
+    cfg["bus"]["socket_timeout_s"] = 1.0
+    trainer.config.write_text(yaml.safe_dump(cfg))
+
+
 def test_a_trainer_started_while_redis_is_frozen_waits_for_it(
     tmp_path: Path, redis_server: RedisServer, tiny_model_dir: Path
 ) -> None:
     assert redis_server.proc is not None
     trainer = Trainer(tmp_path, redis_server.url, tiny_model_dir, every=1)
+    _short_tries(trainer)
     stop = threading.Event()
     waiter = threading.Thread(
         target=_thaw_when_logged,
@@ -201,6 +214,7 @@ def test_a_trainer_gives_up_on_a_frozen_redis_at_its_deadline(
     cfg = yaml.safe_load(trainer.config.read_text())
     cfg["bus"]["reconnect_timeout_s"] = 2.0
     trainer.config.write_text(yaml.safe_dump(cfg))
+    _short_tries(trainer)
     with frozen(redis_server):
         done = subprocess.run(
             [sys.executable, "-m", "stack.cli", "trainer", "run", "--config", str(trainer.config)],

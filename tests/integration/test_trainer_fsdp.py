@@ -98,6 +98,7 @@ def worker(out: Path) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_two_rank_fsdp2_matches_one_rank(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [

@@ -216,6 +216,7 @@ def test_a_resume_that_fails_exits_non_zero(tmp_path: Path, tiny_model_dir: Path
         redis.close()
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_a_second_trainer_on_the_same_run_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Two trainers on one stream would train the same entries twice (or ack what the other
     did not checkpoint)."""

@@ -20,7 +20,11 @@ import pytest
 
 from harness.netns import IFNAME, HostNetwork, missing
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=f"netns hosts: {missing()}")
+# 26 s of cuts: CI's slow phase (issue 45)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(missing() is not None, reason=f"netns hosts: {missing()}"),
+]
 
 # One rank of a two-rank weight group; each line on stdin is one broadcast of 64 MiB from rank
 # 0 (more than the sockets buffer: the sender waits for the receiver), answered on stdout.

@@ -60,7 +60,7 @@ json_values = st.recursive(
 FIELDS = sorted(sampling.KNOWN_FIELDS | sampling.IGNORED_FIELDS)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(d=st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), json_values, max_size=6))
 def test_from_dict_raises_only_value_errors(d: dict[str, Any]) -> None:
     # OverflowError, TypeError, ... would be a 500 past the route's handler.
@@ -96,14 +96,14 @@ valid_params = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(d=valid_params)
 def test_what_the_schema_allows_from_dict_accepts(d: dict[str, Any]) -> None:
     p = SamplingParams.from_dict(d)
     assert math.isfinite(p.temperature) and 0 < p.top_p <= 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(body=st.dictionaries(st.sampled_from(["text", "input_ids", "rid", "stream"]), json_values))
 def test_the_generate_model_raises_only_validation_errors(body: dict[str, Any]) -> None:
     with contextlib.suppress(ValidationError):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inference.config import InferenceConfig
 from inference.sglang_launcher import plan, sglang_command
@@ -127,6 +128,7 @@ def wait_health(port: int, timeout_s: float = 30) -> None:
     raise TimeoutError("fake sglang not up")
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_supervisor_restarts_a_dead_server_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     pids = tmp_path / "pids"

@@ -91,6 +91,7 @@ def test_cpu_encoder_runs_in_a_child_process_by_default(corpus, tmp_path):
     assert [h[0]["id"] for h in results["auto"][0]] == [h[0]["id"] for h in results[False][0]]
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_the_child_encoder_takes_its_own_thread_count(corpus, tmp_path):
     """`dense.encoder_threads` sizes the child's intra-op pool (it encodes whole queued
     batches); unset, it follows `torch_threads` like the in-process paths."""

@@ -111,6 +111,7 @@ def _blocks_of(path: Path) -> dict[str, list[list]]:  # type: ignore[type-arg]
         return out
 
 
+@pytest.mark.slow  # over 10 s: CI's slow phase (issue 45)
 def test_one_rank_saves_shards_and_resumes_bit_identically(tmp_path: Path) -> None:
     _torchrun(tmp_path, 1, "save", 1, 1)
     step = tmp_path / "ckpt" / "step_00000001"
