@@ -69,12 +69,18 @@ def test_each_service_is_reached_only_by_its_callers(values: str) -> None:
     v = stack.chart_values(values)
     policies = _policies(stack.render_chart(values))
     retriever = {v["retriever"]["port"], v["retriever"]["grpcPort"]}
-    assert _callers(policies["retriever"]) == {"orchestrator": retriever}
+    router, gateway = v["inference"]["router"]["enabled"], v["gateway"]["enabled"]
+    # With the gateway on, agent programs (pods carrying its client label) call the retriever
+    # themselves: that rule is the gateway's own test's (test_gateway_deploy.py).
+    client = {"podSelector": {"matchLabels": {"rl-searchr1-gateway-client": "true"}}}
+    rules = policies["retriever"]["spec"]["ingress"]
+    release = [r for r in rules if client not in r["from"]]
+    assert len(rules) - len(release) == int(gateway)
+    assert _callers({"spec": {"ingress": release}}) == {"orchestrator": retriever}
     engine = _callers(policies["inference"])
     # The weight group (NCCL's own sockets) and the admin routes: the trainer only.
     assert engine.pop("trainer") == {None}
     http = {v["inference"]["port"]}
-    router, gateway = v["inference"]["router"]["enabled"], v["gateway"]["enabled"]
     # The gateway calls the engines through the router when there is one.
     expected = (
         {"orchestrator": http}

@@ -194,6 +194,17 @@ def test_chart_gateway_network_policies() -> None:
     assert "gateway" not in _peer_components(
         _named(docs, "NetworkPolicy", "rl-searchr1-inference"), 30000
     )
+    # The agent programs call the tools themselves (docs/examples/openai_agent.py searches):
+    # the retriever admits the gateway's clients and allowFrom peers on both its ports.
+    retriever = _named(docs, "NetworkPolicy", "rl-searchr1-retriever")
+    kv.validate(retriever, kv.latest_version(), strict=True)
+    clients = [
+        rule
+        for rule in retriever["spec"]["ingress"]
+        if {"podSelector": {"matchLabels": {"rl-searchr1-gateway-client": "true"}}} in rule["from"]
+    ]
+    assert len(clients) == 1 and agents in clients[0]["from"]
+    assert {p["port"] for p in clients[0]["ports"]} == {8000, 8001}
     # Off: nothing admits it.
     assert "gateway" not in str([d for d in _render(None) if d["kind"] == "NetworkPolicy"])
 
