@@ -11,6 +11,8 @@ from rich.table import Table
 
 from searchr1.logs import setup_logging
 from stack.demo import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
+from stack.demo_agent import AGENTS, run_agent_demo
+from stack.demo_agent import RL_STEPS as AGENT_RL_STEPS
 from stack.demo_task import TASK_DEMOS, run_task_demo
 from stack.launcher import run_supervised
 from stack.task_multitool import calculator_tool_config as multitool_calculator
@@ -26,7 +28,7 @@ def demo(
         help="GRPO steps (default: "
         + ", ".join(f"{n} for {task}" for task, n in RL_STEPS.items())
         + "".join(f", {d.rl_steps} for {task}" for task, d in TASK_DEMOS.items())
-        + ").",
+        + f", {AGENT_RL_STEPS} with --agent).",
     ),
     quick: bool = typer.Option(False, help="A few steps of everything (minutes)."),
     engine: str = typer.Option(
@@ -65,6 +67,12 @@ def demo(
         "search and arithmetic, search + an MCP calculator in the function-calling format; "
         "guess-number: a game whose environment answers every guess (docs/tasks.md).",
     ),
+    agent: str | None = typer.Option(
+        None,
+        help="openai: the demo's agent as a plain openai-client program "
+        "(docs/examples/openai_agent.py, function calling, search) trains through the gateway: "
+        "rollouts from `searchr1 agent run`, no orchestrator (docs/gateway.md).",
+    ),
     placement: str = typer.Option(
         "disaggregated",
         help="disaggregated (weights broadcast to the engines) or colocated (the engines "
@@ -93,6 +101,8 @@ def demo(
         names = ", ".join((*TASKS, *TASK_DEMOS))
         typer.secho(f"error: --task must be one of {names} (got {task!r})", err=True)
         raise typer.Exit(2)
+    if agent is not None:
+        _check_agent(agent, task, engines, placement, dynamic_sampling)
     if task == "multi-tool":
         try:
             multitool_calculator()
@@ -124,15 +134,40 @@ def demo(
     cfg = (
         DemoConfig.quick_mode(out, seed, **chosen)
         if quick
-        else DemoConfig(out, seed, rl_steps=steps or default_steps(task), **chosen)
+        else DemoConfig(out, seed, rl_steps=steps or default_steps(task, agent), **chosen)
     )
-    run = run_task_demo if task in TASK_DEMOS else run_demo
+    run = run_agent_demo if agent else run_task_demo if task in TASK_DEMOS else run_demo
     result = run_supervised(lambda: run(cfg))
     print_demo_summary(result, out, engine, trainer_backend)
 
 
-def default_steps(task: str) -> int:
+def default_steps(task: str, agent: str | None = None) -> int:
+    if agent is not None:
+        return AGENT_RL_STEPS
     return TASK_DEMOS[task].rl_steps if task in TASK_DEMOS else RL_STEPS[task]
+
+
+def _check_agent(
+    agent: str, task: str, engines: int, placement: str, dynamic_sampling: bool
+) -> None:
+    """Exit 2 on an unknown --agent, or with options of the orchestrator's loop it has not."""
+    if agent not in AGENTS:
+        typer.secho(f"error: --agent must be {' or '.join(AGENTS)} (got {agent!r})", err=True)
+        raise typer.Exit(2)
+    refused = {
+        "--task": task != TASK_SEARCH_R1,
+        "--engines": engines > 1,
+        "--placement": placement != "disaggregated",
+        "--dynamic-sampling": dynamic_sampling,
+    }
+    named = [option for option, given in refused.items() if given]
+    if named:
+        typer.secho(
+            f"error: --agent runs its own world and loop through the gateway; "
+            f"{', '.join(named)} cannot go with it",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def _check_trainer_backend(name: str) -> None:

@@ -4,6 +4,9 @@
     searchr1 agent run -c stack.yaml --program docs/examples/openai_agent.py:agent \
         --data rows.jsonl -n 8          # rows: {"question": ..., "answer": ...}
 
+`search_agent` is the same program with the search tool only: the agent `searchr1 demo --agent
+openai` trains (stack/demo_agent.py).
+
 Its trajectories equal the built-in loop's for the same turns, id for id and mask for mask
 (tests/unit/gateway/test_same_as_loop.py).
 """
@@ -23,6 +26,8 @@ from openai import AsyncOpenAI
 Tool = Callable[[dict[str, Any]], Awaitable[str]]
 INSTRUCTION = "Answer the question. Use search to look facts up and calculate for arithmetic. "
 INSTRUCTION += "Give the final answer inside <answer> and </answer>."
+SEARCH_INSTRUCTION = "Answer the question. Use search to look facts up. "
+SEARCH_INSTRUCTION += "Give the final answer inside <answer> and </answer>."
 
 
 def schema(name: str, description: str, argument: str) -> dict[str, Any]:
@@ -37,9 +42,11 @@ TOOLS = [schema("search", "Search the corpus.", "query"),
 
 
 async def search(arguments: dict[str, Any]) -> str:
-    """The top 3 documents from the retriever (`RETRIEVER_URL`), as Search-R1 renders them."""
+    """The top documents (`SEARCH_TOPK`, 3) from the retriever (`RETRIEVER_URL`), as Search-R1
+    renders them."""
     url = os.environ.get("RETRIEVER_URL", "http://127.0.0.1:8000") + "/retrieve"
-    body = {"queries": [arguments["query"]], "topk": 3, "return_scores": False}
+    topk = int(os.environ.get("SEARCH_TOPK", "3"))
+    body = {"queries": [arguments["query"]], "topk": topk, "return_scores": False}
     async with httpx.AsyncClient(timeout=30) as http:
         docs = (await http.post(url, json=body)).raise_for_status().json()["result"][0]
     parts = [d["contents"].partition("\n") for d in docs]
@@ -61,12 +68,16 @@ async def calculator(arguments: dict[str, Any]) -> str:
 
 
 def make_agent(
-    tools: dict[str, Tool], schemas: list[dict[str, Any]], max_turns: int = 3, **client_kw: Any
+    tools: dict[str, Tool],
+    schemas: list[dict[str, Any]],
+    max_turns: int = 3,
+    instruction: str = INSTRUCTION,
+    **client_kw: Any,
 ) -> Any:
     async def agent(base_url: str, row: dict[str, Any]) -> float:
         token = os.environ.get("SEARCHR1_ADMIN_TOKEN", "-")
         client = AsyncOpenAI(base_url=base_url, api_key=token, **client_kw)
-        question = f"{INSTRUCTION}\nQuestion: {row['question']}\n"
+        question = f"{instruction}\nQuestion: {row['question']}\n"
         messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
         for _ in range(max_turns):
             r = await client.chat.completions.create(model="policy", messages=messages,
@@ -76,7 +87,9 @@ def make_agent(
             if not message.tool_calls:
                 break
             for call in message.tool_calls:
-                result = await tools[call.function.name](json.loads(call.function.arguments))
+                tool = tools.get(call.function.name)
+                arguments = json.loads(call.function.arguments)
+                result = await tool(arguments) if tool else f"no tool {call.function.name!r}"
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
         answer = (messages[-1].get("content") or "").rpartition("<answer>")[2]
         return float(answer.partition("</answer>")[0].strip() == str(row["answer"]))
@@ -85,3 +98,4 @@ def make_agent(
 
 
 agent = make_agent({"search": search, "calculator": calculator}, TOOLS)
+search_agent = make_agent({"search": search}, TOOLS[:1], instruction=SEARCH_INSTRUCTION)
