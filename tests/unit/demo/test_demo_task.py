@@ -56,3 +56,22 @@ def test_sampled_success_plays_the_eval_games_through_the_loop(tiny_model_dir) -
     # An untrained model rarely writes a guess; what matters: games played, a share returned.
     share = sampled_success("guess-number", 0, tiny_model_dir, attempts=2, limit=2)
     assert share in (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def test_the_warm_start_sees_both_strategies_cut_at_the_games_turns(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from orchestrator.tasks.guess_number import parse_guess
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    task, spec = demo_task("guess-number", seed=0)
+    turns = spec.rollout["max_turns"]
+    prompts = task.rows("train")[:24]
+    demos = asyncio.run(demonstrations(task, rust_tokenizer(tokenizer), prompts, turns))
+    firsts = set()
+    for p, d in zip(prompts, demos, strict=True):
+        model = [t for t, m in zip(d.response_ids, d.loss_mask, strict=True) if m]
+        # exactly the demonstration's first `turns` guesses, nothing after
+        assert tokenizer.decode(model) == "".join(task.demonstration(p)[:turns])
+        firsts.add(parse_guess(task.demonstration(p)[0]))
+    assert firsts == {1, 8}  # scans and binary searches
