@@ -83,7 +83,7 @@ def _word(rng: random.Random, syllables: int) -> str:
     return ("".join(parts) + rng.choice(_CODAS)).capitalize()
 
 
-def _unique_words(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[str]:
+def unique_words(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[str]:
     out: list[str] = []
     while len(out) < n:
         w = _word(rng, syllables)
@@ -107,13 +107,13 @@ def generate_world(
         raise ValueError("two_hop_fraction must be in [0, 1] and test_fraction in (0, 1)")
     rng = random.Random(seed)
     taken: set[str] = set()
-    countries = _unique_words(rng, n_countries, 2, taken)
-    town_names = _unique_words(rng, n_towns, 2, taken)
+    countries = unique_words(rng, n_countries, 2, taken)
+    town_names = unique_words(rng, n_towns, 2, taken)
     towns = [Town(name, countries[i % n_countries]) for i, name in enumerate(town_names)]
     people = []
     # One word of three syllables per person: the demo's tokenizer makes every name a single
     # token, so answering from a passage is copying one token (see warmstart.py).
-    for name in _unique_words(rng, n_people, 3, taken):
+    for name in unique_words(rng, n_people, 3, taken):
         people.append(Person(name, rng.choice(towns).name, rng.choice(PROFESSIONS)))
     country_of = {t.name: t.country for t in towns}
     questions = []

@@ -32,7 +32,7 @@ from orchestrator.prompt import prompt_token_ids
 from orchestrator.tasks.multi_tool import MCP_CALCULATOR, calculator_command, calculator_tool
 from orchestrator.tools.search import SearchTool
 from stack.demo_warmstart import Demo, Phase, WarmStartConfig
-from stack.demo_world import PROFESSIONS, _unique_words
+from stack.demo_world import PROFESSIONS, unique_words
 
 TASK = "multi-tool"  # orchestrator/tasks/multi_tool.py
 DATA_SOURCE = "synthetic_years"
@@ -101,7 +101,7 @@ def generate_years_world(
     if n_people < 2 or n_questions < 1 or not 0 < test_fraction < 1:
         raise ValueError("need n_people >= 2, n_questions >= 1 and test_fraction in (0, 1)")
     rng = random.Random(seed)
-    names = _unique_words(rng, n_people, 3, set())
+    names = unique_words(rng, n_people, 3, set())
     people = [BornPerson(n, rng.choice(PROFESSIONS), rng.randint(*YEARS)) for n in names]
     questions = []
     seen: set[tuple[str, str]] = set()
