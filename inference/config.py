@@ -96,6 +96,34 @@ class SglangConfig(Section):
     max_restarts: int = Field(default=5, ge=0, description="Restarts in a row before giving up.")
 
 
+class JoinConfig(Section):
+    """Joining a running run by pulling (`inference.join`): the weights from the trainer's
+    weight store, then an announcement in the engine registry (docs/deploy.md, "Scaling
+    engines during a run")."""
+
+    store_dir: str | None = Field(
+        default=None,
+        description="The trainer's weight store (trainer.weight_push.store_dir, a shared "
+        "directory): at start-up the engine pulls the newest version from it and is ready only "
+        "once it holds it. None: it serves its model_path weights at once.",
+    )
+    announce: bool = Field(
+        default=False,
+        description="Once ready, announce advertise_url in the run's engine registry (Redis: "
+        "redis.url) so a trainer and orchestrator with engines.discover push to and route to "
+        "this engine; withdrawn at shutdown, expired after announce_ttl_s if it dies.",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="This engine's URL as the trainer and orchestrator reach it; default "
+        "http://<http.host>:<http.port> (127.0.0.1 for 0.0.0.0). Kubernetes: the pod's IP.",
+    )
+    announce_ttl_s: float = Field(default=15.0, gt=0)
+    poll_s: float = Field(
+        default=2.0, gt=0, description="A failed pull or announcement is tried again this often."
+    )
+
+
 class InferenceHttpConfig(HttpConfig):
     # Its own class (not HttpConfig(port=...)): a partial override such as
     # SEARCHR1_INFERENCE__HTTP__HOST must keep this default port.
@@ -108,6 +136,7 @@ class InferenceConfig(Section):
     model_path: str | None = Field(default=None, description="Local Hugging Face model directory.")
     torch_engine: TorchEngineConfig = Field(default_factory=TorchEngineConfig)
     sglang: SglangConfig = Field(default_factory=SglangConfig)
+    join: JoinConfig = Field(default_factory=JoinConfig)
 
 
 class InferenceSettings(ServiceSettings):

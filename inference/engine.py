@@ -30,6 +30,7 @@ from inference.requests import GenerateOutput, Request
 from inference.sampling import SamplingParams, make_generator
 from inference.scheduler import GEN_REQUESTS, REJECTED, Scheduler
 from inference.weight_updates import WeightUpdates
+from searchr1.weightsync.delta import state_checksum
 from searchr1.weightsync.handover import Handover
 from searchr1.weightsync.protocol import Bucket, GroupJoin
 from searchr1.weightsync.receiver import WeightLoader
@@ -247,6 +248,16 @@ class TorchEngine:
             "context_length": self.context_length,
             "vocab_size": self.vocab_size,
             "engine": "torch",
+        }
+
+    def weights_checksum(self) -> dict[str, Any]:
+        """Scheduler thread: the served weights' checksum (`delta.state_checksum` over the
+        state dict: tied weights under each name) and version."""
+        named = self.model.state_dict()
+        return {
+            "weight_version": str(self.weight_version),
+            "checksum": state_checksum(named.items()),
+            "tensors": len(named),
         }
 
     def shutdown(self) -> None:

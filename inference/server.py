@@ -8,6 +8,7 @@ calls one engine method, and maps ValueError to 400, overload to 429.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, WithJsonSchema, field_validator
 
 from inference.engine import TorchEngine
+from inference.join import Joiner
 from inference.memory import MemoryReleased
 from inference.sampling import (
     MAX_STOP_CHARS,
@@ -165,12 +167,20 @@ async def _answer(
     return JSONResponse({"success": True, **body(result)})
 
 
-def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> FastAPI:
-    """The inference service app; the engine is created (and shut down) by the caller."""
+def create_app(
+    engine: TorchEngine, *, admin_token: SecretStr | None = None, joiner: Joiner | None = None
+) -> FastAPI:
+    """The inference service app; the engine is created (and shut down) by the caller.
+    `joiner`: pull the current weights from the weight store first (`inference.join`)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        joining = asyncio.create_task(joiner.run(), name="join") if joiner else None
         yield
+        if joiner is not None and joining is not None:
+            joining.cancel()
+            await asyncio.gather(joining, return_exceptions=True)
+            await joiner.stop()
         engine.shutdown()
 
     async def model_loaded() -> str:
@@ -179,7 +189,8 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         memory = engine.memory.describe()
         return f"{engine.model_path} v{engine.weight_version} ({memory})"
 
-    app = create_service_app("inference", ready_checks={"model": model_loaded}, lifespan=lifespan)
+    checks = {"model": model_loaded} | ({"weights": joiner.check} if joiner else {})
+    app = create_service_app("inference", ready_checks=checks, lifespan=lifespan)
     REJECTED.labels("memory_released")  # at 0 from start-up
     admin = [Depends(require_token(admin_token))]
 
@@ -225,6 +236,12 @@ def create_app(engine: TorchEngine, *, admin_token: SecretStr | None = None) -> 
         except MemoryReleased as e:
             raise HTTPException(503, str(e)) from None
         return {"status": "ok", "weight_version": str(out.weight_version)}
+
+    @app.get("/weights_checksum", dependencies=admin)
+    async def weights_checksum() -> dict[str, Any]:
+        """`delta.state_checksum` of every tensor the model holds (its state dict): equal to
+        the trainer's (and the weight store's) where the weights are bit for bit the same."""
+        return await engine.run_command(engine.weights_checksum)
 
     @app.get("/model_info")
     @app.get("/get_model_info")  # SGLang's older name, still served (deprecated there)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from inference.config import InferenceSettings
 from inference.engine import TorchEngine
+from inference.join import Joiner
 from inference.server import create_app
 from inference.sglang_launcher import run_sglang
 from searchr1.service import run_http
+from searchr1.weightsync.registry import EngineRegistry, registry_key
 
 
 def serve(cfg: InferenceSettings, *, replicas: int = 1) -> int:
@@ -20,9 +22,30 @@ def serve(cfg: InferenceSettings, *, replicas: int = 1) -> int:
     The caller has checked `inference.model_path`."""
     section = cfg.inference
     if section.engine == "sglang":
+        if section.join.store_dir or section.join.announce:
+            raise ValueError(
+                "inference.join (pulling from the weight store, announcing) is our engine's "
+                "(engine torch); SGLang engines get the current weights by a push"
+            )
         token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
         return run_sglang(section, replicas=replicas, admin_token=token)
     assert section.model_path, "model_path is validated by the CLI"
     engine = TorchEngine(section.model_path, section.torch_engine)  # starts its scheduler
-    run_http(create_app(engine, admin_token=cfg.admin_token), section.http)
+    joiner = make_joiner(cfg, engine)
+    run_http(create_app(engine, admin_token=cfg.admin_token, joiner=joiner), section.http)
     return 0
+
+
+def make_joiner(cfg: InferenceSettings, engine: TorchEngine) -> Joiner | None:
+    """`inference.join`: the pull from the weight store and the announcement, or None."""
+    join, http = cfg.inference.join, cfg.inference.http
+    if not join.store_dir and not join.announce:
+        return None
+    registry = None
+    if join.announce:
+        if not cfg.redis.url:
+            raise ValueError("inference.join.announce needs redis.url (the engine registry)")
+        registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
+    host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
+    url = join.advertise_url or f"http://{host}:{http.port}"
+    return Joiner(engine, join, advertise_url=url, registry=registry)

@@ -77,6 +77,13 @@ class EnginesConfig(Section):
     )
     probe_timeout_s: float = Field(default=5.0, gt=0)
     probe_misses: int = Field(default=2, ge=1)
+    discover: bool = Field(
+        default=False,
+        description="Engines added during a run (inference.join.announce) count too: the "
+        "trainer pushes to, and the orchestrator's pool routes to, urls plus the engines "
+        "announced in the run's registry (Redis, <bus.stream>:engines), read again at each "
+        "push and every few seconds (docs/deploy.md, \"Scaling engines during a run\").",
+    )
 
     @model_validator(mode="after")
     def _some_engine(self) -> EnginesConfig:

@@ -252,6 +252,19 @@ class WeightPushConfig(Section):
         "(disk: our engines only). The trainer keeps the last weights sent in the engines' "
         "dtype (twice that in host memory: buffers are reused).",
     )
+    store_dir: str | None = Field(
+        default=None,
+        description="The weight store (searchr1.weightsync.store): every pushed version is "
+        "written here first (a full snapshot, then deltas; safetensors + a JSON manifest with "
+        "checksums), so an engine that starts, restarts or is added mid-run pulls the current "
+        "version (inference.join.store_dir, the same directory) instead of waiting for a push.",
+    )
+    store_full_every: int = Field(
+        default=10, ge=1, description="The store writes a full snapshot every N versions."
+    )
+    store_keep_full: int = Field(
+        default=2, ge=1, description="Full snapshots the store keeps (and the deltas after them)."
+    )
     delta_verify_every: int = Field(
         default=10,
         ge=0,

@@ -17,6 +17,10 @@ pause and release their memory (`release_engines`); a push first resumes their w
 the new ones over, then resumes the KV cache and lets generation continue (slime's
 `--colocate` order).
 
+The weight store (`weight_push.store_dir`): each version is written there before the push, so
+an engine that joins mid-run pulls it (`inference.join`); with `engines.discover` the push set
+is `engine_urls` plus the engines announced in the registry, read again at every push.
+
 Delta updates (`weight_push.delta`): one `searchr1.weightsync.baseline.Baseline` (the weights
 the engines hold, as last sent) serves every push, whichever mode; the senders encode against
 it. On disk a delta is a `delta.safetensors` directory our engine loads (SGLang: refused, it
@@ -33,17 +37,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import torch
+from prometheus_client import Counter
+
 from engine_client.client import InferenceBadRequest, InferenceClient, InferenceError
 from searchr1.weightsync.baseline import Baseline, delta_capable, log_resync, write_delta_dir
 from searchr1.weightsync.group import dtype_from_name
 from searchr1.weightsync.handover import HandoverSender
 from searchr1.weightsync.protocol import EngineRefused
+from searchr1.weightsync.registry import EngineRegistry, discovered
 from searchr1.weightsync.sender import WeightSender
+from searchr1.weightsync.store import WeightStoreWriter
 from trainer.backend import TrainerBackend
 from trainer.config import PushMode, WeightPushConfig
 from trainer.metrics import PUSH_SECONDS, WEIGHT_VERSION
 
 log = logging.getLogger(__name__)
+STORE_BYTES = Counter(
+    "searchr1_trainer_weight_store_bytes_total",
+    "Bytes written to the weight store (trainer.weight_push.store_dir), by kind: full, delta, "
+    "kept (a version published again, nothing written)",
+    ["kind"],
+)
+for _kind in ("full", "delta", "kept"):
+    STORE_BYTES.labels(_kind)
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,14 @@ class PushResult:
 
 
 class WeightPusher:
-    def __init__(self, cfg: WeightPushConfig, *, token: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: WeightPushConfig,
+        *,
+        token: str | None = None,
+        registry: EngineRegistry | None = None,
+    ) -> None:
+        """`registry`: engines announced there get the pushes too (`engines.discover`)."""
         if cfg.mode != PushMode.NONE and not cfg.engine_urls:
             raise ValueError(f"trainer.weight_push.mode={cfg.mode.value} needs engine_urls")
         if cfg.mode == PushMode.DISK and not cfg.disk_dir:
@@ -72,6 +96,16 @@ class WeightPusher:
         self.baseline = (
             Baseline(verify_every=cfg.delta_verify_every) if delta_enabled(cfg) else None
         )
+        self.registry = registry
+        self.urls = list(cfg.engine_urls)  # the push set: engine_urls + announced engines
+        self.store = (
+            WeightStoreWriter(
+                cfg.store_dir, full_every=cfg.store_full_every, keep_full=cfg.store_keep_full
+            )
+            if cfg.store_dir
+            else None
+        )
+        self._store_dtype: torch.dtype | None = None
 
     @property
     def enabled(self) -> bool:
@@ -82,10 +116,18 @@ class WeightPusher:
         return self.cfg.release_engines_while_training
 
     def _clients(self, deadline_s: float | None = None) -> list[InferenceClient]:
-        return [
-            InferenceClient(u, token=self.token, deadline_s=deadline_s)
-            for u in self.cfg.engine_urls
-        ]
+        return [InferenceClient(u, token=self.token, deadline_s=deadline_s) for u in self.urls]
+
+    async def refresh_engines(self) -> list[str]:
+        """The push set read again (main rank): `engine_urls` plus the engines announced in
+        the registry; a distributed sender gets the new set (its next push makes a new group)."""
+        urls = await discovered(self.registry, self.cfg.engine_urls)
+        if urls != self.urls:
+            log.info("engines changed", extra={"engines": urls, "were": self.urls})
+            self.urls = urls
+            if self._sender is not None:
+                await self._sender.set_engines(self._clients(deadline_s=self.cfg.timeout_s))
+        return self.urls
 
     async def release_engines(self) -> float:
         """Colocated placement, before a training step (main rank): generation paused (running
@@ -141,8 +183,16 @@ class WeightPusher:
     async def push(self, backend: TrainerBackend, step: int) -> PushResult | None:
         """Collective over trainer ranks (gathering full tensors); the main rank sends."""
         start = time.perf_counter()
-        if self.cfg.mode == PushMode.DISK and self.baseline is not None:
+        if backend.is_main:
+            await self.refresh_engines()
+        named: list[tuple[str, Any]] | None = None
+        if self.store is not None:  # collective (every rank gathers), the main rank writes
             named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
+            if backend.is_main:
+                await self._publish(named, step)
+        if self.cfg.mode == PushMode.DISK and self.baseline is not None:
+            if named is None:
+                named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if not backend.is_main:
                 return None
             version, nbytes = await self._disk_delta(named, step)
@@ -155,7 +205,8 @@ class WeightPusher:
                 return None
             version, nbytes = await self._update_from_disk(str(out), step), _dir_bytes(out)
         else:
-            named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
+            if named is None:
+                named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if not backend.is_main:
                 return None
             if self.cfg.mode == PushMode.HANDOVER:
@@ -171,6 +222,8 @@ class WeightPusher:
                         self._sender.disconnect()
                     raise
                 version, nbytes = int(stats.weight_version), int(stats.bytes)
+        if self.store is not None and self.baseline is not None and self.baseline.version == step:
+            await asyncio.to_thread(self.store.set_state, step, self.baseline.state)
         seconds = time.perf_counter() - start
         PUSH_SECONDS.observe(seconds)
         WEIGHT_VERSION.set(version)
@@ -179,6 +232,24 @@ class WeightPusher:
             extra={"step": step, "weight_version": version, "seconds": seconds, "bytes": nbytes},
         )
         return PushResult(version, seconds, nbytes)
+
+    async def _publish(self, named: list[tuple[str, Any]], step: int) -> None:
+        """Write version `step` to the weight store before any engine gets it: an engine that
+        joins meanwhile pulls it (never a version older than the others serve)."""
+        assert self.store is not None
+        if self._store_dtype is None:
+            name = self.cfg.dtype
+            if name is None:
+                async with InferenceClient(self.urls[0], token=self.token) as c:
+                    name = (await c.get_model_info()).get("dtype")
+            if name is None:
+                raise ValueError(
+                    "trainer.weight_push.store_dir needs the engines' dtype: set "
+                    "trainer.weight_push.dtype (SGLang does not report it)"
+                )
+            self._store_dtype = dtype_from_name(name)
+        out = await asyncio.to_thread(self.store.publish, step, named, dtype=self._store_dtype)
+        STORE_BYTES.labels(out.kind).inc(out.bytes)
 
     async def _hand_over(self, named: list[tuple[str, Any]], step: int) -> tuple[int, int]:
         clients = self._clients()
@@ -233,7 +304,7 @@ class WeightPusher:
                 except EngineRefused as e:
                     if not attempt:
                         raise
-                    log_resync(e, self.cfg.engine_urls)
+                    log_resync(e, self.urls)
                     continue
                 update.commit()
                 return step, nbytes
@@ -262,13 +333,16 @@ class WeightPusher:
                 except InferenceError:
                     return False
 
-        flags = await asyncio.gather(*(behind(u) for u in self.cfg.engine_urls))
-        return [u for u, f in zip(self.cfg.engine_urls, flags, strict=True) if f]
+        urls = await self.refresh_engines()
+        flags = await asyncio.gather(*(behind(u) for u in urls))
+        return [u for u, f in zip(urls, flags, strict=True) if f]
 
     async def close(self) -> None:
         if self._sender is not None:
             await self._sender.close()
             self._sender = None
+        if self.registry is not None:
+            await self.registry.aclose()
 
 
 def delta_enabled(cfg: WeightPushConfig) -> bool:

@@ -28,6 +28,7 @@ from searchr1.sections import BusConfig
 from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 from searchr1.settings import ConfigError
 from searchr1.supervisor import EXIT_NO_RESTART
+from searchr1.weightsync.registry import EngineRegistry, registry_key
 from trainer.backend import TrainerBackend
 from trainer.backends.registry import BACKENDS
 from trainer.checkpoint import CheckpointManager
@@ -87,8 +88,13 @@ def build_loop(cfg: TrainerSettings) -> TrainingLoop:
     info = init_distributed(section.model.device)
     torch.manual_seed(section.model.seed)
     token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
+    registry = None
+    if cfg.engines.discover and info.rank == 0:
+        if not cfg.redis.url:
+            raise ConfigError("engines.discover needs redis.url (the engine registry)")
+        registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
     try:
-        pusher = WeightPusher(section.weight_push, token=token)
+        pusher = WeightPusher(section.weight_push, token=token, registry=registry)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = load_backend(section, info)

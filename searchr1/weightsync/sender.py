@@ -420,6 +420,22 @@ class WeightSender:
             abandon_weight_group(group)
             self._abandoned.append(self.group_name)
 
+    @property
+    def engines(self) -> list[WeightEngine]:
+        return list(self._clients)
+
+    async def set_engines(self, engines: Sequence[WeightEngine]) -> None:
+        """A new push set (engines joined or left the run): the current group is given up
+        (`disconnect`: an engine that left cannot take part in tearing it down) and the next
+        `connect()` makes one with these; the clients of engines no longer in it are closed."""
+        if not engines:
+            raise ValueError("engines is empty")
+        self.disconnect()
+        kept = {id(c) for c in engines}
+        gone = [c for c in self._clients if id(c) not in kept]
+        self._clients = list(engines)
+        await asyncio.gather(*(c.aclose() for c in gone), return_exceptions=True)
+
     async def close(self) -> None:
         if self._group is not None:
             await self._destroy_on_engines([self.group_name])

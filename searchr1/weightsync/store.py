@@ -258,6 +258,16 @@ class WeightStoreWriter:
         )  # fmt: skip
         return Published(version, entry.kind, entry.bytes, seconds)
 
+    def set_state(self, version: int, state: str | None) -> None:
+        """Record the pusher's delta state of `version` once its push is committed: an engine
+        that joins at that version takes it, and the next delta push applies there too."""
+        index = read_index(self.root)
+        latest = index.latest
+        if latest is None or latest.version != version or latest.state == state:
+            return
+        latest.state = state
+        _write_atomic(self.root / INDEX, index.model_dump_json(indent=1).encode())
+
     def _full_due(self, index: StoreIndex, full_bytes: int) -> bool:
         since = []
         for e in reversed(index.entries):

@@ -164,7 +164,7 @@ def test_a_bad_manifest_a_missing_file_and_another_dtype_are_clear_errors(
     with pytest.raises(StoreCorrupt, match="holds bfloat16 weights; this engine serves float32"):
         reader.read(dtype=torch.float32)
     (tmp_path / read_index(tmp_path).entries[0].file).unlink()
-    with pytest.raises(StoreCorrupt, match="No such file|v00000001"):
+    with pytest.raises(StoreCorrupt, match=r"No such file|v00000001"):
         reader.read()
     (tmp_path / INDEX).write_text('{"format": 1, "entries": [{"version": "x"}]}')
     before = errors("manifest")
