@@ -88,13 +88,20 @@ class EnginePool:
         probe_s: float | None = None,
         probe_timeout_s: float = 5.0,
         probe_misses: int = 2,
+        discover: Callable[[], Awaitable[list[str]]] | None = None,
+        discover_s: float = 5.0,
     ) -> None:
+        """`discover`: the current engine URLs (engines added or gone during the run), asked
+        every `discover_s` seconds; the pool follows them (`set_urls`)."""
         if not urls:
             raise ValueError("EnginePool needs at least one engine URL")
         urls = [url.rstrip("/") for url in urls]
         if len(set(urls)) != len(urls):
             raise ValueError(f"EnginePool: duplicate engine URLs in {urls}")
+        self._make_client = make_client
         self.engines = [PooledEngine(url, make_client(url)) for url in urls]
+        self.discover, self.discover_s = discover, discover_s
+        self._discoverer: asyncio.Task[None] | None = None
         self.spill_at_in_flight = spill_at_in_flight
         self.retry_down_s = retry_down_s
         self.max_keys = max_keys
@@ -116,8 +123,37 @@ class EnginePool:
         for engine in self.engines:
             engine.client.vocab_size = value
 
+    async def set_urls(self, urls: list[str]) -> None:
+        """Follow the run's engines: new ones join (new keys fill them: least-loaded), gone
+        ones leave (their keys move at their next call; their calls in flight fail over)."""
+        urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        if not urls:
+            raise ValueError("EnginePool needs at least one engine URL")
+        have = {e.url: e for e in self.engines}
+        gone = [e for e in self.engines if e.url not in urls]
+        if not gone and len(have) == len(urls):
+            return
+        vocab = self.vocab_size
+        self.engines = [have.get(u) or PooledEngine(u, self._make_client(u)) for u in urls]
+        self.vocab_size = vocab
+        for key in [k for k, e in self._key_engine.items() if e in gone]:
+            del self._key_engine[key]
+        log.info("engines changed", extra={"engines": urls, "gone": [e.url for e in gone]})
+        await asyncio.gather(*(e.client.aclose() for e in gone), return_exceptions=True)
+
+    async def _discover_forever(self) -> None:
+        assert self.discover is not None
+        while True:
+            await asyncio.sleep(self.discover_s)
+            try:
+                await self.set_urls(await self.discover())
+            except Exception as e:  # the engines stay as they were; asked again next time
+                log.warning("engine discovery failed", extra={"error": str(e)})
+
     def route(self, routing_key: str | None) -> tuple[PooledEngine, str]:
         """The engine for the next call with this key, and why it was chosen."""
+        if self.discover is not None and self._discoverer is None:
+            self._discoverer = asyncio.get_running_loop().create_task(self._discover_forever())
         now = time.monotonic()
         if routing_key is None:
             return self._least_loaded(now), "unkeyed"
@@ -241,6 +277,9 @@ class EnginePool:
                 future.cancel()
 
     async def aclose(self) -> None:
+        if self._discoverer is not None:
+            self._discoverer.cancel()
+            await asyncio.gather(self._discoverer, return_exceptions=True)
         if self._prober is not None:
             self._prober.cancel()
             await asyncio.gather(self._prober, return_exceptions=True)

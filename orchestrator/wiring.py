@@ -36,6 +36,7 @@ from searchr1.bus import TrajectoryBus
 from searchr1.engine_info import model_limits, wait_for_engine
 from searchr1.sections import BusConfig, EnginesConfig, RunConfig
 from searchr1.service import uvicorn_server
+from searchr1.weightsync.registry import EngineRegistry, discovered, registry_key
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,15 @@ def make_clients(
 
     # Through the router when there is one; one engine directly; several over our own pool.
     engine: InferenceClient | EnginePool
-    if engines.router_url or len(engines.urls) == 1:
+    if engines.router_url or (len(engines.urls) == 1 and not engines.discover):
         engine = engine_client(engines.router_url or engines.urls[0])
     else:
+        # engines.discover: the engines added during the run (announced in the registry) too.
+        registry = (
+            EngineRegistry.from_url(redis_url, registry_key(bus_cfg.stream))
+            if engines.discover
+            else None
+        )
         engine = EnginePool(
             engines.urls,
             engine_client,
@@ -84,6 +91,7 @@ def make_clients(
             probe_s=engines.probe_s,
             probe_timeout_s=engines.probe_timeout_s,
             probe_misses=engines.probe_misses,
+            discover=(lambda: discovered(registry, engines.urls)) if registry else None,
         )
     return Clients(
         engine=engine,

@@ -224,3 +224,33 @@ async def test_a_cancelled_caller_is_cancelled_not_unavailable() -> None:
         await call
     assert not p.engines[0].calls
     await p.aclose()
+
+
+async def test_the_pool_follows_engines_added_and_gone_during_the_run() -> None:
+    """engines.discover: an engine announced mid-run takes new keys; one that left is
+    dropped with its keys (they move at their next call)."""
+    fakes = {u: FakeEngine(u) for u in ("http://a", "http://b", "http://c")}
+    found = ["http://a"]
+
+    async def discover() -> list[str]:
+        return list(found)
+
+    pool = EnginePool(
+        ["http://a"],
+        lambda u: fakes[u],
+        discover=discover,
+        discover_s=0.01,  # type: ignore[arg-type,return-value]
+    )
+    assert (await pool.generate([1], routing_key="k1")).text == "http://a"
+    found.append("http://b")
+    await asyncio.sleep(0.1)
+    assert [e.url for e in pool.engines] == ["http://a", "http://b"]
+    assert (await pool.generate([1], routing_key="k2")).text == "http://b"  # least keys
+    assert (await pool.generate([1], routing_key="k1")).text == "http://a"  # sticky
+    found.remove("http://a")
+    await asyncio.sleep(0.1)
+    assert [e.url for e in pool.engines] == ["http://b"]
+    assert (await pool.generate([1], routing_key="k1")).text == "http://b"
+    with pytest.raises(ValueError, match="at least one"):
+        await pool.set_urls([])
+    await pool.aclose()
