@@ -80,11 +80,13 @@ class ChildState:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
-    status: str = "pending"  # pending | starting | ready | restarting | exited | failed | stopped
+    # pending | starting | ready | restarting | exited | failed | stopped | retiring
+    status: str = "pending"
     started_at: float = 0.0
     restart_delay_s: float = 0.0  # the last restart's delay (0: none yet)
     restart_at: float = 0.0  # while restarting: when it starts again
     ready_at: float | None = None  # when the current process passed its probe (None: not yet)
+    retire_by: float = 0.0  # while retiring: SIGKILL after this (monotonic)
 
     @property
     def pid(self) -> int | None:
@@ -207,6 +209,38 @@ class Supervisor:
             self.stop()
             raise
 
+    # -- changing the set while running (`searchr1 local scale`) ---------------------------
+
+    def add(self, spec: ServiceSpec) -> ChildState:
+        """Start one more child now; `check()` follows it like the others (ready, restarts)."""
+        if any(c.spec.name == spec.name for c in self.children):
+            raise ValueError(f"a service named {spec.name!r} runs already")
+        child = ChildState(spec, self.log_dir / f"{spec.name}.log")
+        self.children.append(child)
+        self._spawn(child)
+        return child
+
+    def retire(self, name: str) -> None:
+        """Stop one child without waiting: SIGTERM now, SIGKILL after `grace_s`; `check()`
+        removes it once it has exited. Its exit is not a death (no restart, no failure)."""
+        child = next((c for c in self.children if c.spec.name == name), None)
+        if child is None:
+            raise ValueError(f"no service named {name!r}")
+        child.status, child.retire_by = "retiring", time.monotonic() + self.grace_s
+        if child.proc is not None and child.proc.poll() is None:
+            _signal_group(child.proc, signal.SIGTERM)
+        log.info("retiring", extra={"service": name})
+
+    def _reap_retired(self) -> None:
+        for child in [c for c in self.children if c.status == "retiring"]:
+            if child.proc is not None and child.proc.poll() is None:
+                if time.monotonic() < child.retire_by:
+                    continue
+                _signal_group(child.proc, signal.SIGKILL)
+                child.proc.wait()
+            self.children.remove(child)
+            log.info("retired", extra={"service": child.spec.name})
+
     # -- running --------------------------------------------------------------------------
 
     def check(self) -> bool:
@@ -216,9 +250,10 @@ class Supervisor:
         the round: another child's death meanwhile is handled at once. Raises ChildFailed when
         a child died and its policy says stop.
         """
+        self._reap_retired()
         for child in self.children:
             proc = child.proc
-            if proc is None or child.status in ("exited", "stopped"):
+            if proc is None or child.status in ("exited", "stopped", "retiring"):
                 continue
             if child.status == "restarting":
                 if time.monotonic() >= child.restart_at:

@@ -153,12 +153,48 @@ def bus_dead_letters(
     _with_bus(config, show)
 
 
-@app.command("local")
+local_app = typer.Typer(
+    invoke_without_command=True,
+    no_args_is_help=False,
+    help="Run the whole stack on this machine as supervised processes (Ctrl-C stops it "
+    "cleanly); `local scale` changes the number of engines of a running one.",
+)
+app.add_typer(local_app, name="local")
+
+
+@local_app.command("scale")
+def local_scale(
+    config: ConfigOption = None,
+    engines: int | None = typer.Option(
+        None, min=1, help="Engines wanted (none: list them). Needs local.control_port."
+    ),
+) -> None:
+    """Scale the engines of a running `searchr1 local` (started with the same --config): added
+    engines pull the current weights and join without pausing the others."""
+    from stack.scale import control_file, request_scale
+
+    if config is None:
+        typer.secho("error: --config is required (the running launcher's)", err=True)
+        raise typer.Exit(2)
+    cfg = load_or_exit(StackConfig, config)
+    try:
+        answer = request_scale(control_file(cfg.local.log_dir), engines)
+    except (ValueError, OSError) as e:
+        typer.secho(f"error: {e}", err=True, fg="red")
+        raise typer.Exit(1) from None
+    for engine in answer["engines"]:
+        typer.echo(f"{engine['name']}\t{engine['url']}\t{engine['status']}")
+
+
+@local_app.callback()
 def local(
+    ctx: typer.Context,
     config: ConfigOption = None,
     max_steps: int | None = typer.Option(None, min=1, help="Progress bar total (trainer steps)."),
 ) -> None:
     """Run the whole stack on this machine as supervised processes (Ctrl-C stops it cleanly)."""
+    if ctx.invoked_subcommand is not None:
+        return
     if config is None:
         typer.secho("error: --config is required (the same file every service reads)", err=True)
         raise typer.Exit(2)

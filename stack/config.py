@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from gateway.config import GatewaySettings
@@ -59,6 +59,15 @@ class LocalConfig(Section):
         description="Engines to start (inference-0 .. inference-N-1 on inference.http.port + i); "
         "list their URLs in engines.urls.",
     )
+    control_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Scale engines during the run: a control endpoint on 127.0.0.1 (token in "
+        "<log_dir>/../control.json) for `searchr1 local scale --engines N`. Needs "
+        "trainer.weight_push.store_dir (engines join by pulling); turns engines.discover on "
+        "for the trainer and orchestrator. None: off; 0: a free port.",
+    )
     restart: RestartPolicy = RestartPolicy.NEVER
     max_restarts: int = Field(default=3, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)
@@ -74,6 +83,15 @@ class StackConfig(
     model_config = SettingsConfigDict(extra="forbid")
 
     local: LocalConfig = LocalConfig()
+
+    @model_validator(mode="after")
+    def _scaling_needs_the_store(self) -> StackConfig:
+        if self.local.control_port is not None and not self.trainer.weight_push.store_dir:
+            raise ValueError(
+                "local.control_port (scaling engines during the run) needs "
+                "trainer.weight_push.store_dir: added engines pull the current weights from it"
+            )
+        return self
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> StackConfig:

@@ -7,11 +7,12 @@ one config model drives this launcher, docker compose and the Helm chart alike.
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from rich.text import Text
 from searchr1.redis_server import RedisServer
 from searchr1.supervisor import ChildFailed, ServiceSpec, Supervisor
 from stack.config import StackConfig
+from stack.scale import ControlServer, EngineScaler, control_file
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +56,31 @@ def searchr1_command() -> list[str]:
     return [str(exe)] if exe.exists() else [shutil.which("searchr1") or "searchr1"]
 
 
+def scaling_env(cfg: StackConfig, name: str) -> dict[str, str]:
+    """What `local.control_port` (scaling engines) sets: every engine pulls from the weight
+    store at start (a restart too), the trainer and orchestrator follow the announced engines."""
+    if cfg.local.control_port is None:
+        return {}
+    store = cfg.trainer.weight_push.store_dir
+    if not store:
+        raise ValueError(
+            "local.control_port (scaling engines during the run) needs "
+            "trainer.weight_push.store_dir: added engines pull the current weights from it"
+        )
+    if name == "inference":
+        return {"SEARCHR1_INFERENCE__JOIN__STORE_DIR": cfg.inference.join.store_dir or store}
+    return {"SEARCHR1_ENGINES__DISCOVER": "true"} if name in ("trainer", "orchestrator") else {}
+
+
+def engine_spec(cfg: StackConfig, config_path: Path, redis_url: str, index: int) -> ServiceSpec:
+    """Engine `inference-<index>` added during the run: on its own port, announcing itself."""
+    (spec,) = _specs(cfg, config_path, redis_url, "inference", [index], named=True)
+    port = cfg.inference.http.port + index
+    spec.env["SEARCHR1_INFERENCE__JOIN__ANNOUNCE"] = "true"
+    spec.env["SEARCHR1_INFERENCE__JOIN__ADVERTISE_URL"] = f"http://127.0.0.1:{port}"
+    return spec
+
+
 def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[ServiceSpec]:
     specs = []
     for name in cfg.local.services:
@@ -61,32 +88,47 @@ def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[Ser
             raise ValueError(
                 f"local.services: unknown service {name!r} (choose from {sorted(_COMMANDS)})"
             )
-        sub, may_finish, finishes = _COMMANDS[name]
-        http = getattr(cfg, name).http
-        host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
-        env = {"SEARCHR1_REDIS__URL": redis_url, "SEARCHR1_CONFIG": str(config_path)}
-        if name == "orchestrator" and not cfg.orchestrator.partition.worker_id:
-            # Stable across the supervisor's restarts (the default hostname-pid is not): a
-            # restarted orchestrator takes its own step claims back at once.
-            env["SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID"] = f"local-{name}"
         replicas = cfg.local.inference_replicas if name == "inference" else 1
-        for i in range(replicas):
-            port, child_env, child = http.port + i, dict(env), name
-            if replicas > 1:  # each engine on its own port, by env over the shared file
-                child, child_env["SEARCHR1_INFERENCE__HTTP__PORT"] = f"{name}-{i}", str(port)
-            specs.append(
-                ServiceSpec(
-                    name=child,
-                    command=[*searchr1_command(), *sub, "--config", str(config_path)],
-                    ready_url=f"http://{host}:{port}/ready",
-                    env=child_env,
-                    restart=cfg.local.restart,
-                    max_restarts=cfg.local.max_restarts,
-                    ready_timeout_s=cfg.local.ready_timeout_s,
-                    exit_ends_stack=finishes,
-                    may_finish=may_finish,
-                )
+        specs += _specs(cfg, config_path, redis_url, name, range(replicas), named=replicas > 1)
+    return specs
+
+
+def _specs(
+    cfg: StackConfig,
+    config_path: Path,
+    redis_url: str,
+    name: str,
+    indices: Iterable[int],
+    *,
+    named: bool,
+) -> list[ServiceSpec]:
+    sub, may_finish, finishes = _COMMANDS[name]
+    http = getattr(cfg, name).http
+    host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
+    env = {"SEARCHR1_REDIS__URL": redis_url, "SEARCHR1_CONFIG": str(config_path)}
+    env |= scaling_env(cfg, name)
+    if name == "orchestrator" and not cfg.orchestrator.partition.worker_id:
+        # Stable across the supervisor's restarts (the default hostname-pid is not): a
+        # restarted orchestrator takes its own step claims back at once.
+        env["SEARCHR1_ORCHESTRATOR__PARTITION__WORKER_ID"] = f"local-{name}"
+    specs = []
+    for i in indices:
+        port, child_env, child = http.port + i, dict(env), name
+        if named:  # each engine on its own port, by env over the shared file
+            child, child_env["SEARCHR1_INFERENCE__HTTP__PORT"] = f"{name}-{i}", str(port)
+        specs.append(
+            ServiceSpec(
+                name=child,
+                command=[*searchr1_command(), *sub, "--config", str(config_path)],
+                ready_url=f"http://{host}:{port}/ready",
+                env=child_env,
+                restart=cfg.local.restart,
+                max_restarts=cfg.local.max_restarts,
+                ready_timeout_s=cfg.local.ready_timeout_s,
+                exit_ends_stack=finishes,
+                may_finish=may_finish,
             )
+        )
     return specs
 
 
@@ -140,12 +182,12 @@ class StepsColumn(ProgressColumn):
 
 
 def _is_running(sup: Supervisor) -> Callable[[str], bool]:
-    children = {c.spec.name: c for c in sup.children}
-
     def running(name: str) -> bool:
-        child = children[name]
-        return child.status in ("starting", "ready") and (
-            child.proc is not None and child.proc.poll() is None
+        child = next((c for c in sup.children if c.spec.name == name), None)
+        return (
+            child is not None
+            and child.status in ("starting", "ready")
+            and (child.proc is not None and child.proc.poll() is None)
         )
 
     return running
@@ -216,11 +258,15 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
     sup = Supervisor(
         build_specs(cfg, config_path, redis_url), cfg.local.log_dir, grace_s=cfg.local.grace_s
     )
-    metrics_urls = {
-        c.spec.name: c.spec.ready_url.removesuffix("/ready") + "/metrics"
-        for c in sup.children
-        if c.spec.ready_url
-    }
+
+    def metrics_urls() -> dict[str, str]:  # engines come and go (`searchr1 local scale`)
+        return {
+            c.spec.name: c.spec.ready_url.removesuffix("/ready") + "/metrics"
+            for c in sup.children
+            if c.spec.ready_url
+        }
+
+    control: ControlServer | None = None
     progress = Progress(
         TextColumn("training"), BarColumn(), StepsColumn(),
         TimeElapsedColumn(),
@@ -230,18 +276,37 @@ def run_local(cfg: StackConfig, config_path: Path, *, max_steps: int | None = No
     try:
         sup.start()
         running = _is_running(sup)
+        scaler = None
+        if cfg.local.control_port is not None:
+            scaler = EngineScaler(
+                sup,
+                lambda i: engine_spec(cfg, config_path, redis_url, i),
+                floor=cfg.local.inference_replicas,
+                port=cfg.inference.http.port,
+            )
+            token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
+            control = ControlServer(
+                scaler,
+                cfg.local.control_port,
+                token or secrets.token_urlsafe(24),
+                control_file(cfg.local.log_dir),
+            ).start()
         with httpx.Client(timeout=1.0) as client, live_view() as live:
             last_scrape = 0.0
 
             def tick() -> None:
                 nonlocal last_scrape
+                if scaler is not None:
+                    scaler.apply_pending()
                 if time.monotonic() - last_scrape > 1.0:
-                    status.scrape(client, metrics_urls, running)
+                    status.scrape(client, metrics_urls(), running)
                     last_scrape = time.monotonic()
                 live.update(_render(sup, status, progress, task))
 
             sup.run(on_tick=tick)
     finally:
+        if control is not None:
+            control.stop()
         sup.stop()
         if redis is not None:
             redis.stop()
