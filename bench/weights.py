@@ -22,12 +22,18 @@ addresses the peers publish through the rendezvous store, so a userspace proxy s
 `harness/link_proxy.py` cannot sit in their path. Without root the link rows are modelled
 (loopback seconds + bytes / rate) and the line says `link=model`.
 
-Join: at the end of each link's rounds, a fresh delta sender (empty baseline) connects to the
-plain engine and brings it to the trainer's weights: `join_s` (loopback) is the connect plus
-that (full, checksummed) push. Identical: no delta push was refused or failed its checksum, a
-last push checks all the delta engine's weights against the trainer's (an error in any delta
-would persist there), and both engines answer a greedy request with the same tokens and
-logprobs.
+Join by pull (`join_s`): after the rounds the trainer publishes its weights to a weight store
+(`searchr1.weightsync.store`: a full snapshot, then one more AdamW step as a delta), and a third
+engine process starts with `inference.join.store_dir` on it: `join_s` is the engine's own
+figure from its app's start to holding the newest version (read, SHA-256 checked, delta
+applied, loaded, its weights' checksum compared with the trainer's), `join_wall_s` the whole
+process start (model load included), `join_mb` the bytes it read; the running engines are not
+involved. Join by push (`join_push_s`, per link): a fresh delta sender (empty baseline)
+connects to the plain engine and brings it to the trainer's weights (connect plus a full,
+checksummed push). Identical: no delta push was refused or failed its checksum, a last push
+checks all the delta engine's weights against the trainer's (an error in any delta would
+persist there), both engines answer a greedy request with the same tokens and logprobs, and
+the joined engine's weights checksum is the trainer's.
 
 The last line is key=value pairs (`bytes_ratio`, `time_ratio_1gbit`, `identical`, `join_s`, ...).
 """
@@ -57,6 +63,7 @@ from inference.tiny_model import make_tiny_model, qwen2_config
 from searchr1.weightsync.baseline import RESYNCS, Baseline
 from searchr1.weightsync.delta import bits
 from searchr1.weightsync.sender import WeightSender
+from searchr1.weightsync.store import WeightStoreWriter, read_index
 
 NETNS_ENV = "SEARCHR1_BENCH_WEIGHTS_NETNS"
 LINKS = {"loopback": None, "10gbit": ("10gbit", "4mb"), "1gbit": ("1gbit", "1mb")}
@@ -237,6 +244,52 @@ async def run(
     return rows, joins, identical
 
 
+def engine_metric(url: str, name: str) -> float:
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise LookupError(name)
+
+
+def pull_join(trainer: Trainer, tmp: Path, version: int, env: dict[str, str]) -> dict[str, Any]:
+    """A new engine joins by pulling from the weight store (version: the trainer's newest)."""
+    import httpx
+
+    store = tmp / "store"
+    writer = WeightStoreWriter(store)
+    full = writer.publish(version, trainer.named(), dtype=torch.bfloat16)
+    trainer.step()
+    delta = writer.publish(version + 1, trainer.named(), dtype=torch.bfloat16)
+    assert (full.kind, delta.kind) == ("full", "delta"), (full, delta)
+    join_env = {**env, "SEARCHR1_INFERENCE__JOIN__STORE_DIR": str(store)}
+    start = time.perf_counter()
+    with InferenceServerProcess(
+        tmp / "model", admin_token=TOKEN, env=join_env, ready_timeout_s=600
+    ) as joined:
+        wall = time.perf_counter() - start
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        got = httpx.get(f"{joined.url}/weights_checksum", headers=auth, timeout=600).json()
+        latest = read_index(store).latest
+        assert latest is not None
+        out = {
+            "join_s": engine_metric(joined.url, "searchr1_inference_join_seconds"),
+            "join_wall_s": wall,
+            "join_mb": engine_metric(joined.url, "searchr1_inference_join_bytes") / 1e6,
+            "join_identical": int(
+                got["checksum"] == latest.checksum and got["weight_version"] == str(version + 1)
+            ),
+            "store_full_mb": full.bytes / 1e6,
+            "store_delta_mb": delta.bytes / 1e6,
+            "store_publish_s": delta.seconds,
+        }
+    print(f"pull join: {out['join_s']:.2f} s in the engine ({wall:.1f} s with its start), "
+          f"{out['join_mb']:.1f} MB read; store full {full.bytes / 1e6:.1f} MB, delta "
+          f"{delta.bytes / 1e6:.2f} MB written in {delta.seconds:.2f} s", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", type=int, default=24)
@@ -281,6 +334,8 @@ def main() -> None:
                     args.verify_every,
                 )
             )
+            version = 2 + len(measured) * args.rounds
+            pulled = pull_join(trainer, Path(tmp), version + 1, env)
     out: dict[str, Any] = {}
     loop = rows["loopback"]
     full_b, delta_b = statistics.mean(loop["full_b"]), statistics.mean(loop["delta_b"])
@@ -296,11 +351,12 @@ def main() -> None:
             delta_s = statistics.mean(loop["delta_s"]) + delta_b / rate
         out[f"time_ratio_{link}"] = full_s / delta_s
         out[f"full_s_{link}"], out[f"delta_s_{link}"] = full_s, delta_s
-    out["identical"] = int(identical)
-    out["join_s"] = joins["loopback"] if "loopback" in joins else next(iter(joins.values()))
+    out["identical"] = int(identical and pulled["join_identical"])
+    out |= pulled
+    out["join_push_s"] = joins["loopback"] if "loopback" in joins else next(iter(joins.values()))
     for link, seconds in joins.items():
         if link != "loopback":
-            out[f"join_s_{link}"] = seconds
+            out[f"join_push_s_{link}"] = seconds
     out["full_mb"], out["delta_mb"] = full_b / 1e6, delta_b / 1e6
     out["changed_pct"] = 100 * statistics.mean(x for r in rows.values() for x in r["changed"])
     out["layers"] = args.layers
