@@ -73,11 +73,19 @@ class LinkProxy:
         self._loop = asyncio.new_event_loop()
         self._changed: asyncio.Event | None = None
         self._server: asyncio.Server | None = None
+        # Each connection's task, kept until it ends: asyncio's server lets go of it once the
+        # client's side is lost, and a half-open connection (the client gone, the upstream
+        # frozen) was garbage collected while pending.
+        self._connections: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="link")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     @property
     def current(self) -> Impairment:
@@ -126,6 +134,10 @@ class LinkProxy:
         self._thread.join(5)
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
         self.stats.connections += 1
         if self._rng.random() < self.current.drop:
             self.stats.dropped += 1

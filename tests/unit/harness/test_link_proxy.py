@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -102,3 +103,38 @@ async def test_a_one_way_stall_lets_requests_through_and_holds_answers(
         await asyncio.wait_for(r.readexactly(7), 0.2)  # its answer did not
     assert await asyncio.wait_for(r.readexactly(7), 2.0) == b"one-way"  # after the stall
     w.close()
+
+
+def test_a_half_open_connection_to_a_frozen_upstream_is_kept_not_garbage_collected() -> None:
+    # A client gone (an orchestrator killed) while its upstream reads nothing (a frozen engine):
+    # asyncio's server drops its reference to the connection's task when the client's side is
+    # lost, so the proxy's tasks were garbage collected while pending, logging "Task was
+    # destroyed but it is pending!" (10 such lines in a 30-fault chaos run) and closing the
+    # upstream's socket from the collector. The proxy keeps them until they end.
+    import gc
+    import socket
+
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen(8)  # accepted by the kernel, never read: a SIGSTOPped server
+    link = LinkProxy(f"127.0.0.1:{upstream.getsockname()[1]}").start()
+    destroyed: list[str] = []
+    link._loop.set_exception_handler(lambda loop, ctx: destroyed.append(ctx["message"]))
+    try:
+        for _ in range(3):
+            client = socket.create_connection(("127.0.0.1", link.port))
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                for _ in range(200):  # until every buffer on the way is full
+                    client.send(b"x" * 65536)
+            client.close()  # FIN: the proxy's client side is lost
+        time.sleep(1.0)
+        for _ in range(3):
+            gc.collect()
+            time.sleep(0.2)
+        assert destroyed == []
+        assert link.open_connections == 3
+    finally:
+        link.stop()
+        upstream.close()
+    assert link.open_connections == 0
