@@ -49,7 +49,7 @@ def serve_command(
         gw.engine_url = engine_url
     if not cfg.redis.url:
         raise _fail("redis.url is not set (SEARCHR1_REDIS__URL): trajectories go to the bus")
-    raise typer.Exit(asyncio.run(serve(gw, cfg.redis.url, cfg.bus, cfg.admin_token)))
+    raise typer.Exit(asyncio.run(serve(gw, cfg.redis.url, cfg.bus, cfg.admin_token, cfg.engines)))
 
 
 @agent_app.command("run")

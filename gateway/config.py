@@ -10,9 +10,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from searchr1.sections import HttpConfig, Section
+from searchr1.sections import EnginesConfig, HttpConfig, Section
 from searchr1.settings import ServiceSettings
 
 
@@ -33,10 +33,12 @@ class HistoryEdits(StrEnum):
 
 class GatewayConfig(Section):
     http: GatewayHttpConfig = Field(default_factory=GatewayHttpConfig)
-    engine_url: str = Field(
-        default="http://127.0.0.1:30000",
+    engine_url: str | None = Field(
+        default=None,
         description="The engine, or sglang-router in front of several (`--policy manual`: a "
-        "session's calls keep its id as routing key).",
+        "session's calls keep its id as routing key). Left out: the stack's engines section, "
+        "as the orchestrator reads it: engines.router_url, else the one of engines.urls, else "
+        "(several) our pool over them (engine_client.pool.EnginePool, keyed by session).",
     )
     tokenizer_path: str | None = Field(
         default=None, description="The served model's tokenizer; default: the engine's model."
@@ -146,3 +148,18 @@ class GatewaySettings(ServiceSettings):
 
     gateway: GatewayConfig = GatewayConfig()
     agent: AgentConfig = AgentConfig()
+    engines: EnginesConfig = Field(
+        default_factory=EnginesConfig,
+        description="The engines (EnginesConfig): the gateway's unless gateway.engine_url.",
+    )
+
+    @model_validator(mode="after")
+    def _engine_follows_engines(self) -> GatewaySettings:
+        """gateway.engine_url left out: the router, or the one engine, of `engines`; several
+        engines without a router stay None (the gateway pools them: `wiring.make_engine`)."""
+        if self.gateway.engine_url is None:
+            urls = self.engines.urls
+            url = self.engines.router_url or (urls[0] if len(urls) == 1 else None)
+            if url is not None:
+                self.gateway.engine_url = url
+        return self

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from engine_client.client import InferenceClient
+from engine_client.pool import EnginePool
 from gateway.bridge import Renderer
 from gateway.config import AgentConfig, GatewayConfig
 from gateway.core import Gateway
@@ -21,7 +22,7 @@ from gateway.runner import AgentRunner, RunSummary, load_program, load_reward, l
 from gateway.server import create_app
 from searchr1.bus import TrajectoryBus
 from searchr1.engine_info import model_limits, wait_for_engine
-from searchr1.sections import BusConfig
+from searchr1.sections import BusConfig, EnginesConfig
 from searchr1.service import exit_cleanly_after_shutdown, uvicorn_server
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,35 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-async def build_gateway(cfg: GatewayConfig, engine: InferenceClient, bus: TrajectoryBus) -> Gateway:
+def make_engine(
+    cfg: GatewayConfig, engines: EnginesConfig, token: SecretStr | None
+) -> InferenceClient | EnginePool:
+    """`gateway.engine_url` (a router or one engine), else our pool over `engines.urls` as
+    the orchestrator's (a session's id is its routing key: its turns stay on one engine)."""
+
+    def client(url: str) -> InferenceClient:
+        return InferenceClient(
+            url,
+            deadline_s=cfg.engine_retry_s,
+            max_connections=cfg.max_in_flight + 8,
+            token=token.get_secret_value() if token else None,
+        )
+
+    if cfg.engine_url:
+        return client(cfg.engine_url)
+    return EnginePool(
+        engines.urls,
+        client,
+        spill_at_in_flight=engines.spill_at_in_flight,
+        probe_s=engines.probe_s,
+        probe_timeout_s=engines.probe_timeout_s,
+        probe_misses=engines.probe_misses,
+    )
+
+
+async def build_gateway(
+    cfg: GatewayConfig, engine: InferenceClient | EnginePool, bus: TrajectoryBus
+) -> Gateway:
     """A Gateway over the live engine (waited for) and its model's tokenizer."""
     info = await wait_for_engine(engine, cfg.engine_start_timeout_s)
     model_dir = cfg.tokenizer_path or str(info["model_path"])
@@ -51,7 +80,7 @@ async def build_gateway(cfg: GatewayConfig, engine: InferenceClient, bus: Trajec
     )
 
 
-def ready_checks(engine: InferenceClient, bus: TrajectoryBus) -> dict[str, Any]:
+def ready_checks(engine: InferenceClient | EnginePool, bus: TrajectoryBus) -> dict[str, Any]:
     async def engine_ready() -> str:
         info = await engine.get_model_info()
         return f"weight_version {info['weight_version']}"
@@ -63,16 +92,15 @@ def ready_checks(engine: InferenceClient, bus: TrajectoryBus) -> dict[str, Any]:
 
 
 async def serve(
-    cfg: GatewayConfig, redis_url: str, bus_cfg: BusConfig, token: SecretStr | None
+    cfg: GatewayConfig,
+    redis_url: str,
+    bus_cfg: BusConfig,
+    token: SecretStr | None,
+    engines: EnginesConfig | None = None,
 ) -> int:
     """The service, until SIGTERM: live sessions are then dead-lettered, done groups
     published."""
-    engine = InferenceClient(
-        cfg.engine_url,
-        deadline_s=cfg.engine_retry_s,
-        max_connections=cfg.max_in_flight + 8,
-        token=token.get_secret_value() if token else None,
-    )
+    engine = make_engine(cfg, engines or EnginesConfig(), token)
     bus = TrajectoryBus.from_url(redis_url, bus_cfg)
     try:
         gateway = await build_gateway(cfg, engine, bus)
