@@ -256,9 +256,8 @@ def add_gateway(stack: Path, out: Path) -> dict[str, str]:
     port = free_port()
     gateway_url = f"http://127.0.0.1:{port}"
     engine_url = data["engines"]["urls"][0]
-    data["gateway"] = {
+    data["gateway"] = {  # its engine: the stack's engines section
         "http": {"port": port},
-        "engine_url": engine_url,
         "max_tokens": data["orchestrator"]["rollout"]["max_tokens_per_turn"],
     }
     data["agent"] = {
