@@ -217,6 +217,17 @@ class WeightSender:
         """Broadcast; if an engine refuses before receiving, the broadcast can never finish:
         then give up on the group (abort it) instead of hanging until its timeout."""
         send = _in_daemon_thread(functools.partial(self._broadcast, tensors))
+        try:
+            await self._watch(send, calls)
+        except BaseException:
+            # The push failed (a refusal, the collective itself: an engine killed mid-push, or
+            # its deadline): the collective and the engines' calls still running end later,
+            # failing, and nobody waits for them.
+            for fut in (send, *calls):
+                fut.add_done_callback(_observe)
+            raise
+
+    async def _watch(self, send: asyncio.Future[Any], calls: list[Any]) -> None:
         pending = {send, *calls}
         while not send.done():
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -226,11 +237,9 @@ class WeightSender:
                 if not finished:
                     group, self._group = self._group, None
                     abandon_weight_group(group)
-                    # The stuck collective and the other engines' calls end later, failing:
-                    # expected, and nobody waits for them any more.
+                    # The stuck collective ends later, failing: expected, and nobody waits
+                    # for it any more (the calls: `_broadcast_watching`).
                     send.cancel()
-                    for call in pending:
-                        call.add_done_callback(_observe)
                     raise EngineRefused(
                         f"an engine refused the update before receiving it "
                         f"({refused[0].exception()}); the weight group is closed, reconnect"
