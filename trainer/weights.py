@@ -17,8 +17,8 @@ pause and release their memory (`release_engines`); a push first resumes their w
 the new ones over, then resumes the KV cache and lets generation continue (slime's
 `--colocate` order).
 
-The weight store (`weight_push.store_dir`): each version is written there before the push, so
-an engine that joins mid-run pulls it (`inference.join`); with `engines.discover` the push set
+The weight store (`weight_push.store_dir`): each version is written there while it is pushed,
+so an engine that joins mid-run pulls it (`inference.join`); with `engines.discover` the push set
 is `engine_urls` plus the engines announced in the registry, read again at every push.
 
 Delta updates (`weight_push.delta`): one `searchr1.weightsync.baseline.Baseline` (the weights
@@ -61,6 +61,11 @@ STORE_BYTES = Counter(
 )
 for _kind in ("full", "delta", "kept"):
     STORE_BYTES.labels(_kind)
+STORE_FAILURES = Counter(
+    "searchr1_trainer_weight_store_failures_total",
+    "Versions the trainer could not write to its weight store (a full disk, an unreadable "
+    "manifest): engines joining meanwhile pull an older version",
+)
 
 
 @dataclass(frozen=True)
@@ -186,10 +191,32 @@ class WeightPusher:
         if backend.is_main:
             await self.refresh_engines()
         named: list[tuple[str, Any]] | None = None
+        publishing: asyncio.Task[None] | None = None
         if self.store is not None:  # collective (every rank gathers), the main rank writes
             named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
             if backend.is_main:
-                await self._publish(named, step)
+                publishing = asyncio.create_task(self._publish(named, step))
+        try:
+            result = await self._push(backend, step, named, start)
+        finally:
+            if publishing is not None:
+                await publishing
+        baseline = self.baseline
+        if result is not None and self.store and baseline and baseline.version == step:
+            try:  # joiners at this version take the pusher's delta state
+                await asyncio.to_thread(self.store.set_state, step, baseline.state)
+            except Exception as e:
+                STORE_FAILURES.inc()
+                log.error("weight store state not recorded", extra={"error": repr(e)})
+        return result
+
+    async def _push(
+        self,
+        backend: TrainerBackend,
+        step: int,
+        named: list[tuple[str, Any]] | None,
+        start: float,
+    ) -> PushResult | None:
         if self.cfg.mode == PushMode.DISK and self.baseline is not None:
             if named is None:
                 named = await asyncio.to_thread(lambda: list(backend.named_tensors()))
@@ -222,8 +249,6 @@ class WeightPusher:
                         self._sender.disconnect()
                     raise
                 version, nbytes = int(stats.weight_version), int(stats.bytes)
-        if self.store is not None and self.baseline is not None and self.baseline.version == step:
-            await asyncio.to_thread(self.store.set_state, step, self.baseline.state)
         seconds = time.perf_counter() - start
         PUSH_SECONDS.observe(seconds)
         WEIGHT_VERSION.set(version)
@@ -234,8 +259,18 @@ class WeightPusher:
         return PushResult(version, seconds, nbytes)
 
     async def _publish(self, named: list[tuple[str, Any]], step: int) -> None:
-        """Write version `step` to the weight store before any engine gets it: an engine that
-        joins meanwhile pulls it (never a version older than the others serve)."""
+        """Write version `step` to the weight store, on a worker thread while the push runs
+        (the push returns once both are done). An engine that joins while it is written gets
+        the version before and is brought up by the resync check (`resync_check_s`). A failure
+        is counted and logged, not raised: the engines got the weights; joiners wait for the
+        next version that is written."""
+        try:
+            await self._write(named, step)
+        except Exception as e:
+            STORE_FAILURES.inc()
+            log.error("weight store not written", extra={"step": step, "error": repr(e)})
+
+    async def _write(self, named: list[tuple[str, Any]], step: int) -> None:
         assert self.store is not None
         if self._store_dtype is None:
             name = self.cfg.dtype
