@@ -56,14 +56,16 @@ class Joiner:
         *,
         advertise_url: str,
         registry: EngineRegistry | None = None,
+        run: str | None = None,
     ) -> None:
+        """`run`: this run's id: a store of another run's weights is not pulled."""
         if cfg.announce and registry is None:
             raise ValueError("inference.join.announce needs redis.url (the engine registry)")
         self.engine = engine
         self.cfg = cfg
         self.advertise_url = advertise_url
         self.registry = registry
-        self.reader = WeightStoreReader(cfg.store_dir) if cfg.store_dir else None
+        self.reader = WeightStoreReader(cfg.store_dir, run=run) if cfg.store_dir else None
         self.ready = self.reader is None
         self.detail = "starting"
         self.version: int | None = None

@@ -48,4 +48,4 @@ def make_joiner(cfg: InferenceSettings, engine: TorchEngine) -> Joiner | None:
         registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
     url = join.advertise_url or f"http://{host}:{http.port}"
-    return Joiner(engine, join, advertise_url=url, registry=registry)
+    return Joiner(engine, join, advertise_url=url, registry=registry, run=cfg.run.id)

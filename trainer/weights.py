@@ -82,8 +82,11 @@ class WeightPusher:
         *,
         token: str | None = None,
         registry: EngineRegistry | None = None,
+        run: str | None = None,
     ) -> None:
-        """`registry`: engines announced there get the pushes too (`engines.discover`)."""
+        """`registry`: engines announced there get the pushes too (`engines.discover`).
+        `run`: the run's id, recorded in the weight store (engines of another run never pull
+        this run's weights)."""
         if cfg.mode != PushMode.NONE and not cfg.engine_urls:
             raise ValueError(f"trainer.weight_push.mode={cfg.mode.value} needs engine_urls")
         if cfg.mode == PushMode.DISK and not cfg.disk_dir:
@@ -105,7 +108,10 @@ class WeightPusher:
         self.urls = list(cfg.engine_urls)  # the push set: engine_urls + announced engines
         self.store = (
             WeightStoreWriter(
-                cfg.store_dir, full_every=cfg.store_full_every, keep_full=cfg.store_keep_full
+                cfg.store_dir,
+                run=run,
+                full_every=cfg.store_full_every,
+                keep_full=cfg.store_keep_full,
             )
             if cfg.store_dir
             else None

@@ -94,7 +94,7 @@ def build_loop(cfg: TrainerSettings) -> TrainingLoop:
             raise ConfigError("engines.discover needs redis.url (the engine registry)")
         registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
     try:
-        pusher = WeightPusher(section.weight_push, token=token, registry=registry)
+        pusher = WeightPusher(section.weight_push, token=token, registry=registry, run=cfg.run.id)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = load_backend(section, info)

@@ -102,6 +102,7 @@ class StoreIndex(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal[1] = FORMAT
+    run: str | None = None  # the run (`run.id`) whose weights these are
     dtype: str | None = None  # the engines' floating dtype the tensors are in
     entries: list[StoreEntry] = Field(default_factory=list)
 
@@ -186,16 +187,20 @@ class WeightStoreWriter:
         self,
         root: str | Path,
         *,
+        run: str | None = None,
         full_every: int = 10,
         keep_full: int = 2,
         max_chain_ratio: float = 0.5,
     ) -> None:
+        """`run`: the run's id, recorded in the manifest; a store holding another run's
+        weights is started afresh (its files deleted) at the first publication."""
         if full_every < 1 or keep_full < 1 or max_chain_ratio <= 0:
             raise ValueError("full_every and keep_full must be >= 1, max_chain_ratio > 0")
         self.root = Path(root)
         self.full_every = full_every
         self.keep_full = keep_full
         self.max_chain_ratio = max_chain_ratio
+        self.run = run
         self.root.mkdir(parents=True, exist_ok=True)
         # What the newest entry holds (a delta is encoded against it); None: unknown, the next
         # publication is a full snapshot (a new writer never trusts files it did not write).
@@ -215,6 +220,13 @@ class WeightStoreWriter:
         it on and is written in full."""
         start = time.perf_counter()
         index = read_index(self.root)
+        if index.run != self.run:
+            if index.entries:
+                log.warning(
+                    "weight store of another run: started afresh",
+                    extra={"store": str(self.root), "run": index.run, "this_run": self.run},
+                )
+            index, self._held = StoreIndex(run=self.run), None
         tensors = {n: _engine_copy(t, dtype) for n, t in named}
         if not tensors:
             raise ValueError("nothing to publish: no tensors")
@@ -353,11 +365,20 @@ class WeightStoreWriter:
 class WeightStoreReader:
     """An engine's side: the newest version (or a given one), checked end to end."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, run: str | None = None) -> None:
+        """`run`: only this run's weights (a store of another run reads as empty)."""
         self.root = Path(root)
+        self.run = run
 
     def index(self) -> StoreIndex:
-        return read_index(self.root)
+        index = read_index(self.root)
+        if self.run is not None and index.entries and index.run != self.run:
+            log.warning(
+                "weight store of another run: not pulled",
+                extra={"store": str(self.root), "run": index.run, "this_run": self.run},
+            )
+            return StoreIndex(run=self.run)
+        return index
 
     def latest_version(self) -> int | None:
         latest = self.index().latest

@@ -171,3 +171,16 @@ def test_a_bad_manifest_a_missing_file_and_another_dtype_are_clear_errors(
     with pytest.raises(StoreCorrupt, match="not a weight store manifest"):
         reader.read()
     assert errors("manifest") == before + 1
+
+
+def test_a_store_of_another_run_is_neither_pulled_nor_continued(tmp_path: Path) -> None:
+    drift = Drift()
+    WeightStoreWriter(tmp_path, run="old").publish(14, drift.step())
+    with pytest.raises(StoreEmpty):
+        WeightStoreReader(tmp_path, run="new").read()
+    assert WeightStoreReader(tmp_path, run="old").read().version == 14
+    WeightStoreWriter(tmp_path, run="new").publish(1, drift.step())
+    index = read_index(tmp_path)
+    assert index.run == "new" and [e.version for e in index.entries] == [1]
+    assert len(list(tmp_path.glob("v*.safetensors"))) == 1  # the old run's files are gone
+    assert WeightStoreReader(tmp_path, run="new").read().version == 1
