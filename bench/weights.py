@@ -258,7 +258,7 @@ def pull_join(trainer: Trainer, tmp: Path, version: int, env: dict[str, str]) ->
     import httpx
 
     store = tmp / "store"
-    writer = WeightStoreWriter(store)
+    writer = WeightStoreWriter(store, run="run")  # the engines' run.id (the default)
     full = writer.publish(version, trainer.named(), dtype=torch.bfloat16)
     trainer.step()
     delta = writer.publish(version + 1, trainer.named(), dtype=torch.bfloat16)

@@ -75,7 +75,7 @@ async def test_an_engine_added_mid_run_pulls_the_current_weights(
         mode="distributed", master_port=0, engine_urls=[first.url], store_dir=str(store),
         store_full_every=3, timeout_s=60,
     )  # fmt: skip
-    pusher = WeightPusher(cfg, token=TOKEN, registry=registry)
+    pusher = WeightPusher(cfg, token=TOKEN, registry=registry, run="run")  # run.id default
     trainer = Trainer(tiny_model_dir)
     second: InferenceServerProcess | None = None
     try:
