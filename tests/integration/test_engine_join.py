@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from engine_client.client import InferenceClient
 from harness.inference_server import InferenceServerProcess
 from searchr1.redis_server import RedisServer
+from searchr1.weightsync.baseline import RESYNCS
 from searchr1.weightsync.registry import EngineRegistry, registry_key
 from searchr1.weightsync.store import read_index
 from trainer.config import WeightPushConfig
@@ -73,15 +74,16 @@ async def test_an_engine_added_mid_run_pulls_the_current_weights(
     registry = EngineRegistry.from_url(redis_server.url, registry_key(STREAM))
     cfg = WeightPushConfig(
         mode="distributed", master_port=0, engine_urls=[first.url], store_dir=str(store),
-        store_full_every=3, timeout_s=60,
+        store_full_every=3, timeout_s=60, delta="on",
     )  # fmt: skip
     pusher = WeightPusher(cfg, token=TOKEN, registry=registry, run="run")  # run.id default
     trainer = Trainer(tiny_model_dir)
     second: InferenceServerProcess | None = None
     try:
+        pushed = []
         for step in (1, 2, 3):
             trainer.step()
-            await pusher.push(trainer, step)  # type: ignore[arg-type]
+            pushed.append(await pusher.push(trainer, step))  # type: ignore[arg-type]
         index = read_index(store)
         assert [e.kind for e in index.entries] == ["full", "delta", "delta"]
         assert checksum(first.url) == (3, index.entries[-1].checksum)
@@ -111,8 +113,15 @@ async def test_an_engine_added_mid_run_pulls_the_current_weights(
         assert await registry.live() == [second.url]
 
         # The next push reaches both; both serve it, bit for bit the same.
+        # A delta for both: the joined engine took the pusher's delta state from the store.
         trainer.step()
-        await pusher.push(trainer, 4)  # type: ignore[arg-type]
+        resyncs = sum(RESYNCS.labels(r)._value.get() for r in ("checksum", "stale_base", "refused"))
+        fourth = await pusher.push(trainer, 4)  # type: ignore[arg-type]
+        # (fp32: the moved tensors travel whole, the others as nothing; no resync below)
+        assert fourth is not None and fourth.bytes < pushed[0].bytes * 0.6, (fourth, pushed)
+        assert resyncs == sum(
+            RESYNCS.labels(r)._value.get() for r in ("checksum", "stale_base", "refused")
+        )
         assert pusher.urls == [first.url, second.url]
         want = read_index(store).entries[-1].checksum
         assert checksum(first.url) == checksum(second.url) == (4, want)
