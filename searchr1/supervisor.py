@@ -72,6 +72,9 @@ class ServiceSpec:
     exit_ends_stack: bool = False
     # Exit 0 is a normal completion, not a death (e.g. the orchestrator after max_steps).
     may_finish: bool = False
+    # Its death (past its restarts) removes it and the stack goes on (an engine added by
+    # `searchr1 local scale`): logged with its log's tail, never ChildFailed.
+    optional: bool = False
 
 
 @dataclass
@@ -190,6 +193,13 @@ class Supervisor:
             )  # fmt: skip
             return
         child.status = "failed"
+        if spec.optional:
+            self.children.remove(child)
+            log.error(
+                "optional child failed; removed",
+                extra={"service": spec.name, "reason": reason, "log_tail": tail[-5:]},
+            )
+            return
         raise ChildFailed(spec.name, reason, tail)
 
     def start(self) -> None:
@@ -251,7 +261,7 @@ class Supervisor:
         a child died and its policy says stop.
         """
         self._reap_retired()
-        for child in self.children:
+        for child in list(self.children):  # an optional child that fails leaves the list
             proc = child.proc
             if proc is None or child.status in ("exited", "stopped", "retiring"):
                 continue

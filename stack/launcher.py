@@ -76,6 +76,7 @@ def engine_spec(cfg: StackConfig, config_path: Path, redis_url: str, index: int)
     """Engine `inference-<index>` added during the run: on its own port, announcing itself."""
     (spec,) = _specs(cfg, config_path, redis_url, "inference", [index], named=True)
     port = cfg.inference.http.port + index
+    spec.optional = True  # one that fails to start is removed; the run goes on
     spec.env["SEARCHR1_INFERENCE__JOIN__ANNOUNCE"] = "true"
     spec.env["SEARCHR1_INFERENCE__JOIN__ADVERTISE_URL"] = f"http://127.0.0.1:{port}"
     return spec

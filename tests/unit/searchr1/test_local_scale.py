@@ -97,3 +97,19 @@ def test_scaling_needs_the_weight_store_and_turns_discovery_on(tmp_path: Path) -
     assert added.name == "inference-2" and added.ready_url == "http://127.0.0.1:30002/ready"
     assert added.env["SEARCHR1_INFERENCE__JOIN__ANNOUNCE"] == "true"
     assert added.env["SEARCHR1_INFERENCE__JOIN__ADVERTISE_URL"] == "http://127.0.0.1:30002"
+
+
+def test_an_added_engine_that_fails_is_removed_and_the_run_goes_on(tmp_path: Path) -> None:
+    sup = Supervisor([sleeper("inference")], tmp_path / "logs", grace_s=2)
+    sup.start()
+    try:
+        spec = ServiceSpec("inference-1", [sys.executable, "-c", "raise SystemExit(3)"])
+        spec.optional = True
+        sup.add(spec)
+        deadline = time.monotonic() + 10
+        while len(sup.children) > 1 and time.monotonic() < deadline:
+            assert sup.check()  # no ChildFailed
+            time.sleep(0.05)
+        assert [c.spec.name for c in sup.children] == ["inference"]
+    finally:
+        sup.stop()
