@@ -447,11 +447,15 @@ def run_slow_tests(args: list[str]) -> int:
 
 def run_sglang_tests(args: list[str]) -> int:
     """Every `sglang`-marked test, against real SGLang servers (the tests start and stop them
-    on tiny models with the interpreter of `.venv-sglang`). Never skips: a missing SGLang fails."""
+    on tiny models with the interpreter of `.venv-sglang`), on two workers. Never skips: a
+    missing SGLang fails."""
     ensure_prometheus()  # the router row of the dashboard, read through a real Prometheus
     env = _env()
     env["SEARCHR1_SGLANG_PYTHON"] = str(ensure_sglang_env())
-    cmd = [str(_bin("python")), "-m", "pytest", "-m", "sglang", "-p", "no:cacheprovider", *args]
+    # Two workers, a file each at a time, as the other phases: the tests mostly wait on SGLang
+    # servers starting (one process kept a core idle).
+    cmd = [str(_bin("python")), "-m", "pytest", "-m", "sglang", "-p", "no:cacheprovider"]
+    cmd += [*_workers(args), *args]
     rc = _run(cmd, cwd=ROOT, env=env)
     if rc == 5:
         print("dev.py sglang: no sglang test was collected", file=sys.stderr)
