@@ -9,8 +9,9 @@ The same stages as the Search-R1 demo, with the task in place of the world and t
    trainer; no retriever);
 5. held-out evaluation of the trained policy; success ("em", the rubric's) before and after.
 
-The warm start is short on purpose: it teaches the format and a rough policy, and RL (paid
-by the rubric for winning in few moves) has to do the rest.
+The warm start teaches the format and the strategies the task demonstrates (guess-number:
+binary search in 3 games of 10, a scan in 7, so that it prefers the worse one); RL, paid by
+the rubric for the win, has to choose and sharpen.
 """
 
 from __future__ import annotations
