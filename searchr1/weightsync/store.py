@@ -13,6 +13,8 @@ Layout of the directory (safetensors and JSON only, never a pickle):
                                     `DeltaHeader` as metadata (`protocol.DELTA_METADATA`): each
                                     tensor full, same, XOR+zstd or sparse against version 12
 
+Tensors holding the same bits as an earlier one (a tied embedding, norms still equal) are
+stored once: the file's metadata (`searchr1.aliases`, JSON) names them with their source.
 Each entry names its file's SHA-256 and size, and `checksum`: `delta.state_checksum` of the
 whole state at that version (the trainer's tensors as the engines hold them). A reader checks
 both: a corrupt or truncated file, or a chain that does not rebuild the trainer's weights bit
@@ -48,6 +50,7 @@ from searchr1.weightsync.delta import (
     EncodedTensor,
     Encoding,
     apply_in_place,
+    bits,
     encode,
     state_checksum,
 )
@@ -57,6 +60,7 @@ from searchr1.weightsync.protocol import DELTA_METADATA, Bucket, DeltaHeader
 log = logging.getLogger(__name__)
 
 INDEX = "index.json"
+ALIASES = "searchr1.aliases"  # safetensors metadata: {name: an earlier name, same bits}
 FORMAT = 1
 STORE_ERRORS = Counter(
     "searchr1_weight_store_errors_total",
@@ -306,7 +310,10 @@ class WeightStoreWriter:
 
         path = self.root / f"v{version:08d}.full.safetensors"
         tmp = path.with_name(f".{path.name}.part")
-        save_file(tensors, str(tmp), metadata={"searchr1.version": str(version)})
+        aliases = _aliases(tensors)
+        unique = {n: t for n, t in tensors.items() if n not in aliases}
+        meta = {"searchr1.version": str(version), ALIASES: json.dumps(aliases)}
+        save_file(unique, str(tmp), metadata=meta)
         tmp.replace(path)
         return self._entry(
             version, "full", None, path, checksum=checksum, state=state, tensors=len(tensors)
@@ -326,7 +333,10 @@ class WeightStoreWriter:
         bucket = Bucket(names=[], dtypes=[], shapes=[])
         encodings: list[str] = []
         payloads: list[torch.Tensor] = []
+        aliases = _aliases(tensors)
         for name, t in tensors.items():
+            if name in aliases:
+                continue
             enc = encode(self._held[name], t)
             bucket.names.append(name)
             bucket.dtypes.append(dtype_name(t.dtype))
@@ -343,7 +353,8 @@ class WeightStoreWriter:
         blob = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8)
         path = self.root / f"v{version:08d}.delta.safetensors"
         tmp = path.with_name(f".{path.name}.part")
-        save_file({"payload": blob}, str(tmp), metadata={DELTA_METADATA: bucket.model_dump_json()})
+        meta = {DELTA_METADATA: bucket.model_dump_json(), ALIASES: json.dumps(aliases)}
+        save_file({"payload": blob}, str(tmp), metadata=meta)
         tmp.replace(path)
         return self._entry(
             version, "delta", base, path, checksum=checksum, state=state, tensors=len(tensors)
@@ -452,13 +463,57 @@ class WeightStoreReader:
         return Snapshot(last.version, tensors, got, last.state, nbytes, len(chain))
 
 
+def _aliases(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """name -> an earlier name holding the same dtype, shape and bits (tied embeddings, equal
+    norms): stored once."""
+    out: dict[str, str] = {}
+    seen: dict[tuple[object, ...], list[str]] = {}
+    for name, t in tensors.items():
+        if not t.numel():
+            continue
+        flat = bits(t)
+        step = max(1, flat.numel() // 64)
+        key = (t.dtype, tuple(t.shape), flat[::step][:64].numpy().tobytes())
+        earlier = seen.setdefault(key, [])
+        match = next((n for n in earlier if torch.equal(bits(tensors[n]), flat)), None)
+        if match is None:
+            earlier.append(name)
+        else:
+            out[name] = match
+    return out
+
+
+def _read_aliases(meta: dict[str, str] | None, path: Path) -> dict[str, str]:
+    try:
+        aliases = json.loads((meta or {}).get(ALIASES, "{}"))
+    except json.JSONDecodeError as e:
+        raise StoreCorrupt("header", f"{path}: bad {ALIASES} metadata ({e})") from None
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
+    ):
+        raise StoreCorrupt("header", f"{path}: {ALIASES} must map names to names")
+    return aliases
+
+
+def _set_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str], path: Path) -> None:
+    for name, source in aliases.items():
+        if source not in tensors or source in aliases:
+            raise StoreCorrupt("header", f"{path}: {name} is an alias of unknown {source!r}")
+        tensors[name] = tensors[source].clone()
+
+
 def _load_full(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(path))
+        with safe_open(str(path), framework="pt") as sf:
+            meta = sf.metadata()
+        tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise StoreCorrupt("header", f"{path}: not a readable safetensors file ({e})") from None
+    _set_aliases(tensors, _read_aliases(meta, path), path)
+    return tensors
 
 
 def _apply_delta(
@@ -470,15 +525,16 @@ def _apply_delta(
 
     try:
         with safe_open(str(path), framework="pt") as sf:
-            meta = (sf.metadata() or {}).get(DELTA_METADATA)
+            metadata = sf.metadata()
             blob = sf.get_tensor("payload")
-        bucket = Bucket.model_validate_json(meta or "")
+        bucket = Bucket.model_validate_json((metadata or {}).get(DELTA_METADATA) or "")
     except (ValidationError, Exception) as e:
         raise StoreCorrupt("header", f"{path}: not a readable delta ({e})") from None
     header = bucket.delta
     if header is None or blob.dtype != torch.uint8 or blob.numel() != sum(header.nbytes):
         raise StoreCorrupt("header", f"{path}: payload does not match its header")
-    if set(bucket.names) != set(tensors):
+    aliases = _read_aliases(metadata, path)
+    if set(bucket.names) | set(aliases) != set(tensors) or set(bucket.names) & set(aliases):
         raise StoreCorrupt("header", f"{path}: names differ from version {entry.base}'s")
     offset = 0
     for name, dt, shape, encoding, n in zip(
@@ -501,6 +557,7 @@ def _apply_delta(
         except ValueError as e:
             raise StoreCorrupt("header", f"{path}: {e}") from None
         tensors[name] = out
+    _set_aliases(tensors, aliases, path)
 
 
 def _engine_copy(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

@@ -184,3 +184,25 @@ def test_a_store_of_another_run_is_neither_pulled_nor_continued(tmp_path: Path) 
     assert index.run == "new" and [e.version for e in index.entries] == [1]
     assert len(list(tmp_path.glob("v*.safetensors"))) == 1  # the old run's files are gone
     assert WeightStoreReader(tmp_path, run="new").read().version == 1
+
+
+def test_tied_tensors_are_stored_once_and_may_diverge_later(tmp_path: Path) -> None:
+    writer = WeightStoreWriter(tmp_path, max_chain_ratio=100)
+    reader = WeightStoreReader(tmp_path)
+    embed = torch.randn(256, 64)
+    named = {"embed": embed, "lm_head": embed.clone(), "norm.a": torch.ones(64),
+             "norm.b": torch.ones(64)}  # fmt: skip
+    writer.publish(1, named.items())
+    full = read_index(tmp_path).entries[0]
+    assert full.bytes < 256 * 64 * 4 * 1.2  # the embedding once
+    snap = reader.read()
+    assert snap.checksum == state_checksum(named.items()) and len(snap.tensors) == 4
+    named["norm.b"] = named["norm.b"] + 0.5  # no longer equal to norm.a
+    named["embed"][0] += 1
+    named["lm_head"][0] += 1  # still tied
+    writer.publish(2, named.items())
+    assert read_index(tmp_path).entries[-1].kind == "delta"
+    later = reader.read(have=snap)
+    assert later.checksum == state_checksum(named.items())
+    assert torch.equal(later.tensors["lm_head"], named["embed"])
+    assert torch.equal(later.tensors["norm.a"], torch.ones(64))
