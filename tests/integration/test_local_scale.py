@@ -74,6 +74,7 @@ def test_an_engine_added_to_a_running_local_run_serves_the_current_weights(
         "engines": {"urls": [first]},
         "orchestrator": {
             "weight_poll_s": 0.1,
+            "epochs": 8,  # the task's 8 prompts, 2 a step: 4 steps an epoch
             "http": {"port": ports["orchestrator"]},
             "task": {"name": f"{task_file}:WordTask"},
             "rollout": {"max_turns": 2, "max_tokens_per_turn": 8, "max_response_tokens": 64},
