@@ -72,6 +72,14 @@ def serve(
     if not section.model_path:
         typer.secho("error: inference.model_path is not set (--model)", err=True, fg="red")
         raise typer.Exit(2)
+    if section.engine == "sglang" and (section.join.store_dir or section.join.announce):
+        typer.secho(
+            "error: inference.join (pulling from the weight store, announcing) is our engine's "
+            "(--engine torch); SGLang engines get the current weights by a push",
+            err=True,
+            fg="red",
+        )
+        raise typer.Exit(2)
     if section.engine == "torch":
         if replicas != 1:
             typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")

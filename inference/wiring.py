@@ -22,11 +22,6 @@ def serve(cfg: InferenceSettings, *, replicas: int = 1) -> int:
     The caller has checked `inference.model_path`."""
     section = cfg.inference
     if section.engine == "sglang":
-        if section.join.store_dir or section.join.announce:
-            raise ValueError(
-                "inference.join (pulling from the weight store, announcing) is our engine's "
-                "(engine torch); SGLang engines get the current weights by a push"
-            )
         token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
         return run_sglang(section, replicas=replicas, admin_token=token)
     assert section.model_path, "model_path is validated by the CLI"
@@ -43,8 +38,7 @@ def make_joiner(cfg: InferenceSettings, engine: TorchEngine) -> Joiner | None:
         return None
     registry = None
     if join.announce:
-        if not cfg.redis.url:
-            raise ValueError("inference.join.announce needs redis.url (the engine registry)")
+        assert cfg.redis.url, "checked by InferenceSettings"
         registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
     url = join.advertise_url or f"http://{host}:{http.port}"
