@@ -80,6 +80,13 @@ def serve(
             fg="red",
         )
         raise typer.Exit(2)
+    if section.join.announce and not cfg.redis.url:
+        typer.secho(
+            "error: inference.join.announce needs redis.url (the engine registry)",
+            err=True,
+            fg="red",
+        )
+        raise typer.Exit(2)
     if section.engine == "torch":
         if replicas != 1:
             typer.secho("error: --replicas needs --engine sglang", err=True, fg="red")

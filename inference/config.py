@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from searchr1.sections import HttpConfig, Section
 from searchr1.settings import ServiceSettings
@@ -143,9 +143,3 @@ class InferenceSettings(ServiceSettings):
     """What `searchr1 inference ...` loads: the shared sections plus `inference`."""
 
     inference: InferenceConfig = InferenceConfig()
-
-    @model_validator(mode="after")
-    def _announce_needs_redis(self) -> InferenceSettings:
-        if self.inference.join.announce and not self.redis.url:
-            raise ValueError("inference.join.announce needs redis.url (the engine registry)")
-        return self

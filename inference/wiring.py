@@ -38,7 +38,7 @@ def make_joiner(cfg: InferenceSettings, engine: TorchEngine) -> Joiner | None:
         return None
     registry = None
     if join.announce:
-        assert cfg.redis.url, "checked by InferenceSettings"
+        assert cfg.redis.url, "checked by the CLI"
         registry = EngineRegistry.from_url(cfg.redis.url, registry_key(cfg.bus.stream))
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
     url = join.advertise_url or f"http://{host}:{http.port}"
