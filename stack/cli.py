@@ -22,6 +22,7 @@ from searchr1.dotted import load_object
 from searchr1.logs import setup_logging
 from stack.config import StackConfig
 from stack.launcher import run_local, run_supervised
+from stack.scale import control_file, request_scale
 
 # Sub-command -> the dotted path of its typer app (or command function), imported only when the
 # sub-command runs: a service process loads its own package, not every service's (torch,
@@ -171,8 +172,6 @@ def local_scale(
 ) -> None:
     """Scale the engines of a running `searchr1 local` (started with the same --config): added
     engines pull the current weights and join without pausing the others."""
-    from stack.scale import control_file, request_scale
-
     if config is None:
         typer.secho("error: --config is required (the running launcher's)", err=True)
         raise typer.Exit(2)
