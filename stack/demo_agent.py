@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 AGENTS = ("openai",)  # `--agent` values: the program each one runs
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "openai_agent.py"
 PROGRAM = f"{EXAMPLE}:search_agent"
-RL_STEPS = 20
+RL_STEPS = 30  # as the Search-R1 demo (its warm start is worded the same)
 EXTRA_VOCAB_PER_NAME = 4  # each name also without a leading space (`"query": "Name"`)
 # One session's deadline: a tiny model's three calls take seconds; a stuck one is dropped.
 SESSION_TIMEOUT_S = 300.0
@@ -128,6 +128,24 @@ def write_agent_rows(world: World, out: Path, instruction: str) -> dict[str, Pat
                 }
                 f.write(json.dumps(row) + "\n")
     return paths
+
+
+def model_turns(person: Person, town: Town, hops: int, guess: str | None) -> list[str]:
+    """The model's messages of an episode (each ends at the end-of-turn token, not included),
+    as the Search-R1 demo's demonstrations word them (`DemoSampler`): a first thought that
+    decides (`I remember this` / `I need to find`), and before each next step a thought that
+    restates the fact just read (`X was born in Y`: the copy is then an induction on the
+    passage's own words)."""
+    if guess is not None:
+        return [f"<think> I remember this. </think>\n<answer> {guess} </answer>"]
+    turns = [f"<think> I need to find where {person.name} was born. </think>\n"
+             + call_text("search", {"query": person.name})]  # fmt: skip
+    found = f"<think> {person.name} was born in {town.name}. </think>\n"
+    if hops == 2:
+        turns.append(found + call_text("search", {"query": town.name}))
+        found = f"<think> {town.name} is in {town.country}. </think>\n"
+        return [*turns, f"{found}<answer> {town.country} </answer>"]
+    return [*turns, f"{found}<answer> {town.name} </answer>"]
 
 
 @dataclass(frozen=True)
@@ -193,18 +211,13 @@ class SearchCallSampler:
             ids.extend(part)
             mask.extend([value] * len(part))
 
-        if guess is not None:
-            add(f"<answer> {guess} </answer>{self.eot}", 1)
-            return Demo(prompt, ids, mask, False, answer)
-        lookups = [(person.name, person_passage(person))]
-        if hops == 2:
-            lookups.append((town.name, town_passage(town)))
-        for query, passage in lookups:
-            call = call_text("search", {"query": query}) + self.eot
-            add(call, 1)
-            add(self.turns.text(call, [("search", docs(passage))]), 0)
-        add(f"<answer> {answer} </answer>{self.eot}", 1)
-        return Demo(prompt, ids, mask, True, answer)
+        turns = model_turns(person, town, hops, guess)
+        passages = [person_passage(person), town_passage(town)]
+        for turn, passage in zip(turns[:-1], passages, strict=False):  # the search calls
+            add(turn + self.eot, 1)
+            add(self.turns.text(turn + self.eot, [("search", docs(passage))]), 0)
+        add(turns[-1] + self.eot, 1)
+        return Demo(prompt, ids, mask, guess is None, answer)
 
     def _docs(self, rng: random.Random, passage: str) -> str:
         """What the agent's search returns: the passage + topk-1 distractors."""
@@ -227,7 +240,7 @@ def warm_start_config(seed: int, topk: int, *, quick: bool = False) -> WarmStart
     if quick:
         return WarmStartConfig(copy_steps=10, copy_batch_size=8, format_steps=0, mix_steps=5,
                                batch_size=8, seed=seed, topk=topk)  # fmt: skip
-    return WarmStartConfig(copy_steps=600, copy_batch_size=16, format_steps=0, mix_steps=100,
+    return WarmStartConfig(copy_steps=500, copy_batch_size=32, format_steps=0, mix_steps=100,
                            batch_size=16, search_rate=0.3, seed=seed, topk=topk)  # fmt: skip
 
 

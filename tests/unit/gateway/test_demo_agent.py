@@ -23,7 +23,6 @@ from stack import demo_agent as da
 from stack.demo import tokenizer_corpus
 from stack.demo_warmstart import WarmStartConfig
 from stack.demo_world import Person, Town, World, generate_world, person_passage, town_passage
-from stack.task_multitool import call_text
 
 EX = da.example()
 SCHEMAS = EX.TOOLS[:1]
@@ -60,10 +59,8 @@ async def test_the_warm_start_is_what_the_agents_sessions_record(  # type: ignor
     demo = sampler.demonstration(person, town, hops, None, docs)
     answer = town.country if hops == 2 else town.name
     eot = tok.eos_token
-    turns = [call_text("search", {"query": person.name}) + eot]
-    if hops == 2:
-        turns.append(call_text("search", {"query": town.name}) + eot)
-    turns.append(f"<answer> {answer} </answer>{eot}")
+    turns = [t + eot for t in da.model_turns(person, town, hops, None)]
+    assert len(turns) == hops + 1  # the searches, then the answer
 
     passages = {person.name: person_passage(person), town.name: town_passage(town)}
 
