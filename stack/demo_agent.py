@@ -133,12 +133,14 @@ def write_agent_rows(world: World, out: Path, instruction: str) -> dict[str, Pat
 def model_turns(person: Person, town: Town, hops: int, guess: str | None) -> list[str]:
     """The model's messages of an episode (each ends at the end-of-turn token, not included),
     as the Search-R1 demo's demonstrations word them (`DemoSampler`): a first thought that
-    decides (`I remember this` / `I need to find`), and before each next step a thought that
+    decides (`I remember this` / `I need to search`), and before each next step a thought that
     restates the fact just read (`X was born in Y`: the copy is then an induction on the
     passage's own words)."""
     if guess is not None:
         return [f"<think> I remember this. </think>\n<answer> {guess} </answer>"]
-    turns = [f"<think> I need to find where {person.name} was born. </think>\n"
+    # Not "I need to find where X was born": the name would stand there in its spaced form,
+    # nearer than the question's quoted (bare) one, which is the token the call's JSON needs.
+    turns = ["<think> I need to search for it. </think>\n"
              + call_text("search", {"query": person.name})]  # fmt: skip
     found = f"<think> {person.name} was born in {town.name}. </think>\n"
     if hops == 2:
@@ -179,14 +181,16 @@ class SearchCallSampler:
         self.towns = [t.name for t in world.towns]
 
     def sample(self, rng: random.Random, *, searched: bool, short_prompt: bool = False) -> Demo:
-        """`short_prompt` is unused (the agent's prompt is short); `DemoSampler`'s signature."""
-        del short_prompt
+        """`short_prompt`: the question alone, without the instruction (the copy phase: as in
+        the Search-R1 demo, a 2-layer model learns to copy far sooner without it)."""
         person = Person(rng.choice(self.names), rng.choice(self.towns), rng.choice(PROFESSIONS))
         town = Town(person.town, rng.choice(self.world.countries))
         hops = 2 if rng.random() < self.cfg.two_hop_fraction else 1
         pool = self.world.countries if hops == 2 else self.towns
         guess = None if searched else rng.choice(pool)
-        return self.demonstration(person, town, hops, guess, lambda p: self._docs(rng, p))
+        return self.demonstration(
+            person, town, hops, guess, lambda p: self._docs(rng, p), short_prompt=short_prompt
+        )
 
     def demonstration(
         self,
@@ -195,13 +199,18 @@ class SearchCallSampler:
         hops: int,
         guess: str | None,
         docs: Callable[[str], str],
+        *,
+        short_prompt: bool = False,
     ) -> Demo:
         """The episode on these facts: a guess at once (`guess`), or the searches (`docs`:
         what a search for a passage returns) and the answer."""
         kind = "country" if hops == 2 else "town"
         answer = town.country if hops == 2 else town.name
         question = f'In which {kind} was "{person.name}" born?'
-        messages = [{"role": "user", "content": prompt_text(question, self.instruction)}]
+        content = (
+            f"Question: {question}\n" if short_prompt else prompt_text(question, self.instruction)
+        )
+        messages = [{"role": "user", "content": content}]
         prompt = prompt_token_ids(self.tok, messages, tools=self.schemas)
         ids: list[int] = []
         mask: list[int] = []
@@ -236,11 +245,12 @@ class SearchCallSampler:
 
 
 def warm_start_config(seed: int, topk: int, *, quick: bool = False) -> WarmStartConfig:
-    """A copy phase (every demonstration searches) then a mix (30% search, the rest guess)."""
+    """Search-R1's phases: copy (the question alone, every demonstration searches), format
+    (the agent's prompt, every one searches), mix (30% search, the rest guess)."""
     if quick:
         return WarmStartConfig(copy_steps=10, copy_batch_size=8, format_steps=0, mix_steps=5,
                                batch_size=8, seed=seed, topk=topk)  # fmt: skip
-    return WarmStartConfig(copy_steps=500, copy_batch_size=32, format_steps=0, mix_steps=100,
+    return WarmStartConfig(copy_steps=600, copy_batch_size=32, format_steps=100, mix_steps=100,
                            batch_size=16, search_rate=0.3, seed=seed, topk=topk)  # fmt: skip
 
 
