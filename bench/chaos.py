@@ -1,6 +1,6 @@
 """Chaos: the real stack under faults at seeded random times, and a ledger of every trajectory.
 
-Builds the demo's world, index and warm-started model (`stack.demo`; reused when
+Builds the demo's world, index and warm-started model (`demos.run`; reused when
 `--out` already holds them), then runs GRPO twice through the real services under
 `searchr1.supervisor` with `local.restart: on-failure` (as compose's `restart: on-failure`
 and a Kubernetes Job would restart them): once without faults (skipped with `--no-baseline`),
@@ -95,6 +95,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 import yaml
 
+from demos.run import (
+    DemoConfig,
+    build_policy,
+    evaluate,
+    summary_row,
+    write_rows,
+    write_stack_config,
+)
+from demos.world import generate_world, write_world
 from harness.chaos_faults import (
     CLUSTER_KINDS,
     CUT_KINDS,
@@ -117,15 +126,6 @@ from harness.netns import missing as netns_missing
 from harness.small_disk import SmallDisk
 from searchr1.redis_server import RedisServer, find_redis_binary, free_port
 from searchr1.supervisor import RestartPolicy
-from stack.demo import (
-    DemoConfig,
-    build_policy,
-    evaluate,
-    summary_row,
-    write_rows,
-    write_stack_config,
-)
-from stack.demo_world import generate_world, write_world
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from stack.demo import summary_row
+from demos.run import summary_row
 
 
 def step_times(run: Path) -> dict[str, float]:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from stack.demo import summary_row
+from demos.run import summary_row
 
 GOAL_EM = 0.9
 GOAL_GAIN = 0.15
@@ -70,7 +70,7 @@ def run(
     before = summary_row(json.loads((out / "eval_before.json").read_text()))
     result = {"em": after["em"], "gain": after["em"] - before["em"], "train_steps": len(metrics)}
     if sampled:
-        from stack.demo_task import sampled_success
+        from demos.task import sampled_success
 
         warm = (warm_from or out) / "model-warm"
         result["sampled_before"] = sampled_success(task, 0, warm, sampled)

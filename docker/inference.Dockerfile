@@ -41,6 +41,7 @@ COPY trainer /src/trainer
 COPY inspector /src/inspector
 COPY gateway /src/gateway
 COPY stack /src/stack
+COPY demos /src/demos
 RUN --mount=type=cache,target=/root/.cache/pip sh /src/docker/install-deps.sh wheel
 
 FROM ${BASE_IMAGE}

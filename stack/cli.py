@@ -35,7 +35,7 @@ COMMANDS: dict[str, str] = {
     "data": "orchestrator.cli:data_app",
     "eval": "orchestrator.cli:eval_command",
     "inspect": "inspector.cli:inspect_command",
-    "demo": "stack.demo_cli:demo",
+    "demo": "demos.cli:demo",
     "task": "stack.task_cli:app",
     "gateway": "gateway.cli:app",
     "agent": "gateway.cli:agent_app",

@@ -5,7 +5,7 @@
         --data rows.jsonl -n 8          # rows: {"question": ..., "answer": ...}
 
 `search_agent` is the same program with the search tool only: the agent `searchr1 demo --agent
-openai` trains (stack/demo_agent.py).
+openai` trains (demos/agent.py).
 
 Its trajectories equal the built-in loop's for the same turns, id for id and mask for mask
 (tests/unit/gateway/test_same_as_loop.py).

@@ -3,7 +3,7 @@ calculator served by an MCP server (PyPI's `mcp-server-calculator`, its tool `ca
 
 Rows are Search-R1 rows (parquet or JSON lines: `prompt`, `reward_model.ground_truth.target`),
 e.g. the demo's questions "How many years apart were "X" and "Y" born?" over a corpus of
-people with their birth years (stack/task_multitool.py writes them). The retriever serves the
+people with their birth years (demos/multitool.py writes them). The retriever serves the
 corpus as for Search-R1; the reward is `orchestrator.reward` (EM of the last `<answer>` by
 default). A solving trajectory: two `search` calls in one message, one `calculate` call on
 "<year X> - <year Y>", then `<answer> N </answer>`; set `orchestrator.rollout.max_turns: 3`.

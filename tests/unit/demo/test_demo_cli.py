@@ -8,9 +8,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from stack import cli, demo_cli
+from demos import cli as demo_cli
+from demos.run import DemoConfig, write_stack_config
+from stack import cli
 from stack.config import load_config
-from stack.demo import DemoConfig, write_stack_config
 
 
 def _rows(tmp_path: Path) -> dict[str, Path]:

@@ -7,17 +7,17 @@ import asyncio
 import random
 from pathlib import Path
 
-from orchestrator.tokenizer import rust_tokenizer
-from stack.config import load_config
-from stack.demo import DemoConfig, write_stack_config
-from stack.demo_task import (
+from demos.run import DemoConfig, write_stack_config
+from demos.task import (
     TaskSampler,
     demo_task,
     demonstrations,
     sampled_success,
     stack_settings,
 )
-from stack.demo_warmstart import Phase
+from demos.warmstart import Phase
+from orchestrator.tokenizer import rust_tokenizer
+from stack.config import load_config
 
 
 def test_demonstrations_are_the_loops_ids_with_the_models_tokens_masked_in(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from demos import multitool as mt
+from demos.run import CONFIG_TEMPLATE
+from demos.warmstart import WarmStartConfig
 from orchestrator.config import OrchestratorConfig, RolloutConfig, SearchConfig, ToolConfig
 from orchestrator.data import load_prompts
 from orchestrator.rewards import components
@@ -24,9 +27,6 @@ from orchestrator.tasks.multi_tool import CALCULATOR_SERVER
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.registry import build_toolbox
 from orchestrator.tools.search import SearchTool
-from stack import task_multitool as mt
-from stack.demo import CONFIG_TEMPLATE
-from stack.demo_warmstart import WarmStartConfig
 from tests.unit.orchestrator.conftest import ScriptedEngine
 from tests.unit.orchestrator.test_rollout import Hit
 
@@ -214,8 +214,8 @@ def test_an_unknown_task_exits_2_before_any_work(tmp_path: Path) -> None:
 
 
 def test_the_task_reaches_the_stack_config_and_search_r1_is_untouched(tmp_path: Path) -> None:
+    from demos.run import DemoConfig, write_stack_config
     from stack.config import load_config
-    from stack.demo import DemoConfig, write_stack_config
 
     rows = {}
     for split in ("train", "test"):
@@ -238,7 +238,7 @@ def test_the_task_reaches_the_stack_config_and_search_r1_is_untouched(tmp_path: 
 def test_the_summary_shows_calculator_calls_only_for_the_task(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stack import demo_cli
+    from demos import cli as demo_cli
 
     demo_cli.print_demo_summary({"em_before": 0.1}, tmp_path, "torch", "hf")
     assert "calculator calls" not in capsys.readouterr().out

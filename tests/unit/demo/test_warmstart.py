@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from demos.warmstart import DemoSampler, WarmStartConfig, sft
+from demos.world import generate_world
 from orchestrator.observation import observation_text
-from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
-from stack.demo_world import generate_world
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.demo_world import generate_world, person_of, write_world
+from demos.world import generate_world, person_of, write_world
 
 
 def test_same_seed_same_world_other_seed_other_world() -> None:
@@ -63,8 +63,8 @@ def test_the_demo_tokenizer_makes_every_name_one_token(tmp_path: Path) -> None:
     """Copying an answer from a passage is then a single token (what the tiny model can learn)."""
     from transformers import AutoTokenizer
 
+    from demos.run import tokenizer_corpus
     from inference.tiny_model import make_tiny_model
-    from stack.demo import tokenizer_corpus
 
     world = generate_world(0, n_people=50)
     texts, vocab_size = tokenizer_corpus(world)

@@ -181,11 +181,16 @@ def test_demo_steps_parse_with_their_commands() -> None:
     import contextlib
     import io
 
-    from stack import demo_containers as containers
+    from demos import containers
 
     for name in ("demo-setup", "demo-report"):
         svc = SERVICES[name]
-        assert svc["entrypoint"] == ["python", "-m", "stack.demo_containers"]
+        assert svc["entrypoint"] == ["python", "-m", "demos.containers"]
+        # The step's image is built with the demos package (it is no service's import).
+        image = svc["image"].split("/")[-1].split(":")[0]
+        dockerfile = (stack.DOCKER / f"{image}.Dockerfile").read_text()
+        assert "COPY demos /src/demos" in dockerfile, image
+        assert "!demos/" in (stack.ROOT / ".dockerignore").read_text().splitlines()
         with (
             mock.patch.object(containers, "setup") as setup,
             mock.patch.object(containers, "report") as report,

@@ -50,8 +50,8 @@ def test_training_numbers_equal_the_local_demo(key: str) -> None:
 
 def test_epochs_cover_every_step() -> None:
     """What run_demo computes: enough passes over the training questions for run.max_steps."""
-    from stack.demo import DemoConfig
-    from stack.demo_world import generate_world
+    from demos.run import DemoConfig
+    from demos.world import generate_world
 
     cfg = stack.load_with_env({}, CONTAINERS)
     n_train = len(generate_world(0, n_people=DemoConfig().n_people).split("train"))

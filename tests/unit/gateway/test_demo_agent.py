@@ -1,4 +1,4 @@
-"""`searchr1 demo --agent openai` (stack/demo_agent.py): its warm start teaches exactly the ids
+"""`searchr1 demo --agent openai` (demos/agent.py): its warm start teaches exactly the ids
 the agent's sessions record through the gateway; the built-in loop's evaluation renders the
 same prompt; the pacer runs `searchr1 agent run` once per step, each after the engine serves
 the weights trained on the groups published so far; the CLI refuses what it cannot run."""
@@ -15,14 +15,14 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from demos import agent as da
+from demos.run import tokenizer_corpus
+from demos.warmstart import WarmStartConfig
+from demos.world import Person, Town, World, generate_world, person_passage, town_passage
 from orchestrator.tools.search import SearchTool
 from searchr1.chat_template import prompt_token_ids
 from searchr1.supervisor import ChildFailed
 from stack import cli
-from stack import demo_agent as da
-from stack.demo import tokenizer_corpus
-from stack.demo_warmstart import WarmStartConfig
-from stack.demo_world import Person, Town, World, generate_world, person_passage, town_passage
 
 EX = da.example()
 SCHEMAS = EX.TOOLS[:1]

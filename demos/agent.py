@@ -2,14 +2,14 @@
 (docs/examples/openai_agent.py, `search_agent`: function calling, it runs its search tool
 itself) learns through the gateway (docs/gateway.md).
 
-The stages of the Search-R1 demo (stack/demo.py) over the same world, in the function-calling
+The stages of the Search-R1 demo (demos/run.py) over the same world, in the function-calling
 format of the multi-tool demo:
 1. the synthetic world, its MiniLM index; the questions name the person in quotes, so the name
    is the same token in the question and in the call's JSON (`"query": "Name"`);
 2. the tiny model, warm-started on demonstrations (`SearchCallSampler`): token-exact copies of
    what the agent's sessions record through the gateway (its prompt, its tool schema, the
    template's `tool` turns), with random facts, 30% searching in the last phase;
-3. held-out EM before and after, greedy, through the built-in loop (`stack.demo.evaluate`, the
+3. held-out EM before and after, greedy, through the built-in loop (`demos.run.evaluate`, the
    other demos' evaluation: the same turns give the same ids, tests/unit/gateway/
    test_same_as_loop.py);
 4. GRPO where the rollouts come from `searchr1 agent run --program ...:search_agent`: Redis,
@@ -39,13 +39,8 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from retriever.build import build_index
-from retriever.config import BuildConfig
-from searchr1.chat_template import ToolTurns, prompt_token_ids
-from searchr1.redis_server import RedisServer, free_port
-from searchr1.supervisor import ChildFailed, ServiceSpec, Supervisor, tail_lines
-from stack.config import StackConfig, load_config
-from stack.demo import (
+from demos.multitool import call_text
+from demos.run import (
     CONFIG_TEMPLATE,
     DemoConfig,
     build_policy,
@@ -55,8 +50,8 @@ from stack.demo import (
     summary_row,
     write_stack_config,
 )
-from stack.demo_warmstart import Demo, Phase, WarmStartConfig
-from stack.demo_world import (
+from demos.warmstart import Demo, Phase, WarmStartConfig
+from demos.world import (
     PROFESSIONS,
     Person,
     Question,
@@ -68,8 +63,13 @@ from stack.demo_world import (
     town_passage,
     write_world,
 )
+from retriever.build import build_index
+from retriever.config import BuildConfig
+from searchr1.chat_template import ToolTurns, prompt_token_ids
+from searchr1.redis_server import RedisServer, free_port
+from searchr1.supervisor import ChildFailed, ServiceSpec, Supervisor, tail_lines
+from stack.config import StackConfig, load_config
 from stack.launcher import build_specs, searchr1_command
-from stack.task_multitool import call_text
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class _Doc:
 
 
 class SearchCallSampler:
-    """Demonstrations with random facts (as `stack.demo_warmstart.DemoSampler`) in the
+    """Demonstrations with random facts (as `demos.warmstart.DemoSampler`) in the
     agent's format: `search` calls in `<tool_call>` blocks ending at the end-of-turn token,
     the results as the chat template's `tool` turns (mask 0), then `<answer> X </answer>`; or a
     guess at once."""

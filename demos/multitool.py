@@ -1,7 +1,7 @@
 """The demo's second task (`searchr1 demo --task multi-tool`): search + arithmetic in the
 chat template's function-calling format, the calculator served by an MCP server.
 
-The world: fictional people (one-token names, as in `stack.demo_world`) with a birth year in
+The world: fictional people (one-token names, as in `demos.world`) with a birth year in
 1900-1999, one passage each (`"Name"\\nName is a <profession> who was born in <year>.`).
 A question names two of them, the one born later first: "How many years apart were X and Y
 born?"; the gold answer is the (positive) difference of their years, an integer.
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from demos.warmstart import Demo, Phase, WarmStartConfig
+from demos.world import PROFESSIONS, unique_words
 from orchestrator.formats.function_calling import ToolTurns
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.tasks.multi_tool import MCP_CALCULATOR, calculator_command, calculator_tool
 from orchestrator.tools.search import SearchTool
-from stack.demo_warmstart import Demo, Phase, WarmStartConfig
-from stack.demo_world import PROFESSIONS, unique_words
 
 TASK = "multi-tool"  # orchestrator/tasks/multi_tool.py
 DATA_SOURCE = "synthetic_years"

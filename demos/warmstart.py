@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
+from demos.world import PROFESSIONS, Person, Town, World, person_passage, town_passage
 from orchestrator.observation import format_docs, tokenize_observation
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
-from stack.demo_world import PROFESSIONS, Person, Town, World, person_passage, town_passage
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,11 @@ from typing import Any
 
 import yaml
 
+from demos import multitool as mt
+from demos.multitool import TASK as TASK_MULTI_TOOL
+from demos.multitool import YearsWorld
+from demos.warmstart import DemoSampler, WarmStartConfig, sft
+from demos.world import World, generate_world, write_world
 from inference.sglang_launcher import cpu_settings
 from inference.tiny_model import default_corpus, make_tiny_model
 from orchestrator.data import load_prompts
@@ -38,13 +43,8 @@ from retriever.build import build_index
 from retriever.config import BuildConfig
 from searchr1.redis_server import free_port
 from searchr1.supervisor import Supervisor
-from stack import task_multitool as mt
 from stack.config import load_config
-from stack.demo_warmstart import DemoSampler, WarmStartConfig, sft
-from stack.demo_world import World, generate_world, write_world
 from stack.launcher import build_specs, run_local
-from stack.task_multitool import TASK as TASK_MULTI_TOOL
-from stack.task_multitool import YearsWorld
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DemoConfig:
     # start is deterministic per seed; 2.7 of the demo's 8 minutes), e.g. over training seeds.
     warm_start_from: Path | None = None
     # "search-r1" (Search-R1's tags, one tool) or "multi-tool" (search + an MCP calculator in
-    # the function-calling format: stack/task_multitool.py)
+    # the function-calling format: demos/multitool.py)
     task: str = "search-r1"
     # "disaggregated" (weights broadcast over gloo) or "colocated": the engines release their
     # memory while the trainer trains and take its weights from shared memory (docs/deploy.md)
@@ -396,7 +396,7 @@ def summarize(b: dict[str, float], a: dict[str, float], wall_s: float) -> dict[s
 
 def run_multitool_demo(cfg: DemoConfig) -> dict[str, float]:
     """`--task multi-tool`: the same stages as `run_demo` over the years world
-    (stack/task_multitool.py); the summary adds calculator calls per question."""
+    (demos/multitool.py); the summary adds calculator calls per question."""
     start = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     topk = yaml.safe_load(CONFIG_TEMPLATE.read_text())["orchestrator"]["search"]["topk"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from demos.run import DemoConfig, build_policy_from, evaluate, plot, write_stack_config
+from demos.warmstart import Demo, Phase, WarmStartConfig
 from engine_client.client import GenerateResult
 from inference.tiny_model import default_corpus
 from orchestrator.config import RolloutConfig, TaskConfig
@@ -37,8 +39,6 @@ from orchestrator.tasks.registry import load_task
 from orchestrator.tokenizer import rust_tokenizer
 from orchestrator.tools.toolbox import Toolbox
 from stack.config import load_config
-from stack.demo import DemoConfig, build_policy_from, evaluate, plot, write_stack_config
-from stack.demo_warmstart import Demo, Phase, WarmStartConfig
 from stack.launcher import run_local
 from stack.task_cli import scripted_rollout
 

@@ -3,8 +3,8 @@
 The services are the stack's own containers; these two commands do what `run_demo` does
 around them, with its functions:
 
-    python -m stack.demo_containers setup   # demo-setup: world, rows, index, warm start
-    python -m stack.demo_containers report  # demo-report: held-out eval after GRPO,
+    python -m demos.containers setup   # demo-setup: world, rows, index, warm start
+    python -m demos.containers report  # demo-report: held-out eval after GRPO,
                                                      # the demo's table and key=value line
 
 In between, `searchr1 eval` (demo-eval-before) evaluates the warm start through the retriever and
@@ -23,6 +23,10 @@ import shutil
 import time
 from pathlib import Path
 
+from demos.cli import print_demo_summary
+from demos.run import DemoConfig, build_policy, plot, summarize, summary_row, write_rows
+from demos.warmstart import WarmStartConfig
+from demos.world import generate_world, write_world
 from orchestrator.config import OrchestratorSettings
 from orchestrator.data import load_prompts
 from orchestrator.wiring import evaluate_served
@@ -30,10 +34,6 @@ from retriever.build import build_index
 from retriever.config import BuildConfig
 from searchr1.logs import setup_logging
 from searchr1.settings import load_settings
-from stack.demo import DemoConfig, build_policy, plot, summarize, summary_row, write_rows
-from stack.demo_cli import print_demo_summary
-from stack.demo_warmstart import WarmStartConfig
-from stack.demo_world import generate_world, write_world
 from trainer.config import TrainerSettings
 
 log = logging.getLogger("searchr1.demo.containers")

@@ -9,13 +9,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from demos.agent import AGENTS, run_agent_demo
+from demos.agent import RL_STEPS as AGENT_RL_STEPS
+from demos.multitool import calculator_tool_config as multitool_calculator
+from demos.run import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
+from demos.task import TASK_DEMOS, run_task_demo
 from searchr1.logs import setup_logging
-from stack.demo import RL_STEPS, TASK_SEARCH_R1, TASKS, DemoConfig, run_demo
-from stack.demo_agent import AGENTS, run_agent_demo
-from stack.demo_agent import RL_STEPS as AGENT_RL_STEPS
-from stack.demo_task import TASK_DEMOS, run_task_demo
 from stack.launcher import run_supervised
-from stack.task_multitool import calculator_tool_config as multitool_calculator
 from trainer.backends.registry import BACKENDS
 
 
