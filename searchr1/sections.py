@@ -82,7 +82,7 @@ class EnginesConfig(Section):
         description="Engines added during a run (inference.join.announce) count too: the "
         "trainer pushes to, and the orchestrator's pool routes to, urls plus the engines "
         "announced in the run's registry (Redis, <bus.stream>:engines), read again at each "
-        "push and every few seconds (docs/deploy.md, \"Scaling engines during a run\").",
+        'push and every few seconds (docs/deploy.md, "Scaling engines during a run").',
     )
 
     @model_validator(mode="after")
