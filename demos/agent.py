@@ -241,7 +241,7 @@ class SearchCallSampler:
     def batches(self, phase: Phase, rng: random.Random) -> Iterator[list[Demo]]:
         for _ in range(phase.steps):
             used = [rng.random() < phase.search_rate for _ in range(phase.batch_size)]
-            yield [self.sample(rng, searched=u) for u in used]
+            yield [self.sample(rng, searched=u, short_prompt=phase.short_prompt) for u in used]
 
 
 def warm_start_config(seed: int, topk: int, *, quick: bool = False) -> WarmStartConfig:

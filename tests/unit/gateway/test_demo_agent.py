@@ -84,6 +84,23 @@ async def test_the_warm_start_is_what_the_agents_sessions_record(  # type: ignor
     assert sum(demo.loss_mask) < len(demo.loss_mask)  # the tool turns are masked out
 
 
+def test_the_copy_phase_shows_the_question_alone(world_tok) -> None:  # type: ignore[no-untyped-def]
+    """`Phase.short_prompt` reaches the demonstrations: the copy phase's prompt is the question
+    alone, the later phases' the agent's whole first message (the instruction, then it)."""
+    import random
+
+    world, tok = world_tok
+    cfg = WarmStartConfig(topk=1, copy_steps=1, copy_batch_size=4, format_steps=1, mix_steps=0,
+                          batch_size=4)  # fmt: skip
+    sampler = da.SearchCallSampler(world, tok, cfg, EX.SEARCH_INSTRUCTION, SCHEMAS)
+    copy, fmt = cfg.phases()[:2]
+    rng = random.Random(0)
+    [short] = sampler.batches(copy, rng)
+    [full] = sampler.batches(fmt, rng)
+    assert all(EX.SEARCH_INSTRUCTION not in tok.decode(d.prompt_ids) for d in short)
+    assert all(EX.SEARCH_INSTRUCTION in tok.decode(d.prompt_ids) for d in full)
+
+
 def test_rows_the_runner_and_the_evaluation_read(world_tok, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     world, tok = world_tok
     rows = da.write_agent_rows(world, tmp_path, EX.SEARCH_INSTRUCTION)
