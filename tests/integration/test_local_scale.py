@@ -3,7 +3,7 @@ engine, an orchestrator stepping a word game, the trainer pushing over gloo and 
 its weight store); mid-run a second engine is added. It pulls the current version from the
 store, is ready, is announced; the trainer's next push reaches it (same weights, bit for bit,
 as the first engine) and the orchestrator routes rollouts to it. Scaled down again, it
-withdraws and the run finishes on the first engine."""
+withdraws and the run goes on with the first engine."""
 
 from __future__ import annotations
 
@@ -68,13 +68,13 @@ def test_an_engine_added_to_a_running_local_run_serves_the_current_weights(
     ports = {"orchestrator": free_port(), "trainer": free_port()}
     first, second = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     cfg = {
-        "run": {"id": "scale", "groups_per_step": 2, "group_size": 2, "max_steps": 30},
+        "run": {"id": "scale", "groups_per_step": 2, "group_size": 2, "max_steps": 4000},
         "inference": {"engine": "torch", "model_path": str(tiny_model_dir),
                       "http": {"port": port}},
         "engines": {"urls": [first]},
         "orchestrator": {
             "weight_poll_s": 0.1,
-            "epochs": 8,  # the task's 8 prompts, 2 a step: 4 steps an epoch
+            "epochs": 1000,  # the task's 8 prompts, 2 a step: 4 steps an epoch (~0.3 s a step)
             "http": {"port": ports["orchestrator"]},
             "task": {"name": f"{task_file}:WordTask"},
             "rollout": {"max_turns": 2, "max_tokens_per_turn": 8, "max_response_tokens": 64},
@@ -118,15 +118,21 @@ def test_an_engine_added_to_a_running_local_run_serves_the_current_weights(
         wait_for("rollouts on the added engine", lambda: requests_served(second) > 0, 120, proc)
         out = subprocess.run([*scale, "1"], capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0 and "inference-1" not in out.stdout, out.stderr
-        assert proc.wait(timeout=400) == 0, (tmp_path / "local.err").read_text()[-3000:]
+        # Withdrawn: the trainer's next push goes to the first engine only, and training goes on.
+        trainer_log = tmp_path / "logs" / "trainer.log"
+        wait_for(
+            "the push set without it",
+            lambda: trainer_log.read_text().count("engines changed") >= 2,
+            120,
+            proc,
+        )
+        step = steps_done(tmp_path / "steps.jsonl")
+        wait_for("more steps", lambda: steps_done(tmp_path / "steps.jsonl") >= step + 3, 120, proc)
+        assert "engine withdrawn" in (tmp_path / "logs" / "inference-1.log").read_text()
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
-    assert "engine withdrawn" in (tmp_path / "logs" / "inference-1.log").read_text()
-    trainer_log = (tmp_path / "logs" / "trainer.log").read_text()
-    assert trainer_log.count("engines changed") >= 2, trainer_log[-3000:]
-    assert steps_done(tmp_path / "steps.jsonl") == 30
+            proc.terminate()  # Ctrl-C's path: every service stopped
+            proc.wait(timeout=120)
 
 
 def _quiet(check) -> bool:  # type: ignore[no-untyped-def]
