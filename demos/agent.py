@@ -131,23 +131,29 @@ def write_agent_rows(world: World, out: Path, instruction: str) -> dict[str, Pat
 
 
 def model_turns(person: Person, town: Town, hops: int, guess: str | None) -> list[str]:
-    """The model's messages of an episode (each ends at the end-of-turn token, not included),
-    as the Search-R1 demo's demonstrations word them (`DemoSampler`): a first thought that
-    decides (`I remember this` / `I need to search`), and before each next step a thought that
-    restates the fact just read (`X was born in Y`: the copy is then an induction on the
-    passage's own words)."""
+    """The model's messages of an episode (each ends at the end-of-turn token, not included):
+    a first thought that decides (`I remember this` / `I need to search`), and before each next
+    step a thought that restates the sentence just read, word for word (`X is a sailor who was
+    born in Y.`): every token of it is a copy from the tool result, so the 2-layer model learns
+    the induction that copies the fact. (With `X was born in Y`, as the Search-R1 demo words
+    it, the town was the one copied token after the tool message and was not learned.)"""
     if guess is not None:
         return [f"<think> I remember this. </think>\n<answer> {guess} </answer>"]
     # Not "I need to find where X was born": the name would stand there in its spaced form,
     # nearer than the question's quoted (bare) one, which is the token the call's JSON needs.
     turns = ["<think> I need to search for it. </think>\n"
              + call_text("search", {"query": person.name})]  # fmt: skip
-    found = f"<think> {person.name} was born in {town.name}. </think>\n"
+    found = f"<think> {sentence(person_passage(person))} </think>\n"
     if hops == 2:
         turns.append(found + call_text("search", {"query": town.name}))
-        found = f"<think> {town.name} is in {town.country}. </think>\n"
+        found = f"<think> {sentence(town_passage(town))} </think>\n"
         return [*turns, f"{found}<answer> {town.country} </answer>"]
     return [*turns, f"{found}<answer> {town.name} </answer>"]
+
+
+def sentence(passage: str) -> str:
+    """A passage's text without its title line."""
+    return passage.partition("\n")[2]
 
 
 @dataclass(frozen=True)
