@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -66,6 +67,7 @@ async def serve_without_pause(url: str, stop: asyncio.Event) -> list[float]:
     return took
 
 
+@pytest.mark.slow  # 17-53 s of engine processes: CI's slow phase (issue 45)
 async def test_an_engine_added_mid_run_pulls_the_current_weights(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
