@@ -95,10 +95,14 @@ def main() -> None:
     for p in (0.1, 0.3):
         name = f"binary search {p} / scan {1 - p:.1f}, high 16, 4 guesses"
         designs.append((name, 16, 4, strategies(16, 4, p)))
-    for name, high, turns, game in designs:
+    keys = ["random16", "random8", "mix10", "mix30"]  # the designs' names in the last line
+    summary = []
+    for key, (name, high, turns, game) in zip(keys, designs, strict=True):
         success, snr = signal(game, high, args.steps)
         best = binary_search_success(high, turns)
         print(f"{name}: sampled {success:.3f}, binary search {best:.3f}, first guess SNR {snr:.2f}")
+        summary.append(f"{key}_success={success:.3f} {key}_snr={snr:.2f}")
+    print(" ".join(summary))
 
 
 if __name__ == "__main__":

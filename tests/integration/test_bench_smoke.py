@@ -32,6 +32,8 @@ SMOKE: dict[str, tuple[list[str], int]] = {
     "fuzz": (["--examples", "1"], 180),
     # dev.py gpu's runner: on the CPU, its environment check and one bench through it.
     "gpu_checks": (["--cpu-smoke", "--only", "env,logprobs_memory", "--out", TMP], 180),
+    # a Monte Carlo model of the game, no services
+    "guess_signal": (["--steps", "5"], 60),
     "handover": (["--hidden", "64", "--layers", "1", "--rounds", "1", "--bucket-mb", "1"], 120),
     "inference": (["--requests", "4", "--new-tokens", "8", "--big-hidden", "64",
                    "--big-layers", "1", "--bucket-mb", "1"], 120),
