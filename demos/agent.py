@@ -39,10 +39,11 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from demos.multitool import call_text
+from demos.multitool import call_text, tool_calls_per_question
 from demos.run import (
     CONFIG_TEMPLATE,
     DemoConfig,
+    _newest,
     build_policy,
     evaluate,
     plot,
@@ -479,13 +480,18 @@ def run_agent_demo(cfg: DemoConfig) -> dict[str, float]:
     stack = write_stack_config(cfg, index_dir, warm, rows, stack_settings)
     urls = add_gateway(stack, cfg.out_dir)
 
+    evals = cfg.out_dir / "rollouts" / "eval"
     before = evaluate(stack, warm, rows["test"], cfg.out_dir / "eval_before.json", cfg.eval_limit)
+    calls_before = tool_calls_per_question(_newest(evals))
     seed = cfg.seed if cfg.train_seed is None else cfg.train_seed
     pacer = train_through_gateway(stack, rows["agent_train"], urls, seed)
     (cfg.out_dir / "agent_runs.txt").write_text("\n".join(pacer.results) + "\n")
     trained = cfg.out_dir / "model-trained"
     after = evaluate(stack, trained, rows["test"], cfg.out_dir / "eval_after.json", cfg.eval_limit)
+    calls_after = tool_calls_per_question(_newest(evals))
 
     b, a = summary_row(before), summary_row(after)
+    # the evaluation's searches_mean counts Search-R1's <search> tags, not function calls
+    b["searches"], a["searches"] = calls_before.get("search", 0.0), calls_after.get("search", 0.0)
     plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
     return summarize(b, a, time.monotonic() - start)
