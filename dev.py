@@ -446,7 +446,9 @@ def _workers(args: list[str]) -> list[str]:
     chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
     if chosen or TEST_WORKERS in ("", "0", "1"):
         return []
-    return ["-n", TEST_WORKERS, "--dist", "loadfile"]
+    # In collection order (tests/conftest.py puts the longest files first), not xdist's
+    # default of the files with the most tests first.
+    return ["-n", TEST_WORKERS, "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def run_slow_tests(args: list[str]) -> int:

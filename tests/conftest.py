@@ -13,6 +13,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from searchr1.redis_server import RedisServer
 
+# The default suite's longest files (seconds of one worker, `--durations`), started first: on
+# two workers (`dev.py test`: xdist, a file at a time, in this order) the quick demo's ~2 min
+# used to start last, on one worker while the other had nothing left.
+LONGEST_FIRST = (
+    "tests/integration/test_demo_quick.py",
+    "tests/integration/test_task_local.py",
+    "tests/integration/test_trainer_loop.py",
+    "tests/integration/test_trainer_engine.py",
+    "tests/integration/test_startup_waits.py",
+    "tests/integration/test_orchestrator_rollout.py",
+)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Everything under tests/integration runs services as processes: `-m integration` selects
@@ -20,6 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith("tests/integration/"):
             item.add_marker(pytest.mark.integration)
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture
