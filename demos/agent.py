@@ -51,7 +51,7 @@ from demos.run import (
     summary_row,
     write_stack_config,
 )
-from demos.warmstart import Demo, Phase, WarmStartConfig
+from demos.warmstart import Demo, MaskedResponse, Phase, WarmStartConfig
 from demos.world import (
     PROFESSIONS,
     Person,
@@ -219,21 +219,15 @@ class SearchCallSampler:
         )
         messages = [{"role": "user", "content": content}]
         prompt = prompt_token_ids(self.tok, messages, tools=self.schemas)
-        ids: list[int] = []
-        mask: list[int] = []
-
-        def add(text: str, value: int) -> None:
-            part = self.tok.encode(text, add_special_tokens=False)
-            ids.extend(part)
-            mask.extend([value] * len(part))
+        response = MaskedResponse(self.tok)
 
         turns = model_turns(person, town, hops, guess)
         passages = [person_passage(person), town_passage(town)]
         for turn, passage in zip(turns[:-1], passages, strict=False):  # the search calls
-            add(turn + self.eot, 1)
-            add(self.turns.text(turn + self.eot, [("search", docs(passage))]), 0)
-        add(turns[-1] + self.eot, 1)
-        return Demo(prompt, ids, mask, guess is None, answer)
+            response.add(turn + self.eot, 1)
+            response.add(self.turns.text(turn + self.eot, [("search", docs(passage))]), 0)
+        response.add(turns[-1] + self.eot, 1)
+        return Demo(prompt, response.ids, response.mask, guess is None, answer)
 
     def _docs(self, rng: random.Random, passage: str) -> str:
         """What the agent's search returns: the passage + topk-1 distractors."""

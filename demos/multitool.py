@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demos.warmstart import Demo, Phase, WarmStartConfig
+from demos.warmstart import Demo, MaskedResponse, Phase, WarmStartConfig
 from demos.world import PROFESSIONS, unique_words
 from orchestrator.formats.function_calling import ToolTurns
 from orchestrator.observation import format_docs
@@ -233,29 +233,23 @@ class MultiToolSampler:
         answer = str(y_later - y_earlier)
         messages = [{"role": "user", "content": prompt_text(years_question(later, earlier))}]
         prompt = prompt_token_ids(self.tok, messages, tools=self.schemas)
-        ids: list[int] = []
-        mask: list[int] = []
-
-        def add(text: str, value: int) -> None:
-            part = self.tok.encode(text, add_special_tokens=False)
-            ids.extend(part)
-            mask.extend([value] * len(part))
+        response = MaskedResponse(self.tok)
 
         if not searched:
-            add(f"<answer> {rng.randint(1, YEARS[1] - YEARS[0])} </answer>{self.eot}", 1)
-            return Demo(prompt, ids, mask, searched, answer)
+            response.add(f"<answer> {rng.randint(1, YEARS[1] - YEARS[0])} </answer>{self.eot}", 1)
+            return Demo(prompt, response.ids, response.mask, searched, answer)
         searches = "\n".join(call_text("search", {"query": n}) for n in (later, earlier))
-        add(searches + self.eot, 1)
+        response.add(searches + self.eot, 1)
         docs = [
             self._docs(rng, BornPerson(later, rng.choice(PROFESSIONS), y_later)),
             self._docs(rng, BornPerson(earlier, rng.choice(PROFESSIONS), y_earlier)),
         ]
-        add(self.turns.text(searches + self.eot, [("search", d) for d in docs]), 0)
+        response.add(self.turns.text(searches + self.eot, [("search", d) for d in docs]), 0)
         calc = call_text(self.calculator, {"expression": f"{y_later} - {y_earlier}"})
-        add(calc + self.eot, 1)
-        add(self.turns.text(calc + self.eot, [(self.calculator, answer)]), 0)
-        add(f"<answer> {answer} </answer>{self.eot}", 1)
-        return Demo(prompt, ids, mask, searched, answer)
+        response.add(calc + self.eot, 1)
+        response.add(self.turns.text(calc + self.eot, [(self.calculator, answer)]), 0)
+        response.add(f"<answer> {answer} </answer>{self.eot}", 1)
+        return Demo(prompt, response.ids, response.mask, searched, answer)
 
     def _docs(self, rng: random.Random, person: BornPerson) -> str:
         """What `search` returns for the person's name: their passage + topk-1 distractors."""

@@ -27,6 +27,7 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,6 +45,21 @@ class Demo:
     loss_mask: list[int]  # per response token: 1 model, 0 observation
     searched: bool
     answer: str
+
+
+class MaskedResponse:
+    """A demonstration's response written text by text: its ids and their loss mask."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+
+    def add(self, text: str, value: int) -> None:
+        """`text`'s tokens, each with loss mask `value` (1: the model's, 0: an observation)."""
+        part = self.tokenizer.encode(text, add_special_tokens=False)
+        self.ids.extend(part)
+        self.mask.extend([value] * len(part))
 
 
 @dataclass(frozen=True)
