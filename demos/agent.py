@@ -62,6 +62,7 @@ from demos.world import (
     person_of,
     person_passage,
     town_passage,
+    write_jsonl,
     write_world,
 )
 from retriever.build import build_index
@@ -109,25 +110,24 @@ def write_agent_rows(world: World, out: Path, instruction: str) -> dict[str, Pat
     """`agent_train.jsonl`: the runner's rows (`id`, `question`, `answer`, `data_source`);
     `train.jsonl` / `test.jsonl`: the same questions as the built-in loop's rows (the agent's
     first message as `prompt`), which the evaluation reads."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"agent_train": out / "agent_train.jsonl"}
-    with paths["agent_train"].open("w") as f:
-        for i, q in enumerate(world.split("train")):
-            row = {"id": f"train_{i}", "question": quoted(q), "answer": q.answers[0],
-                   "data_source": q.data_source}  # fmt: skip
-            f.write(json.dumps(row) + "\n")
+    runner_rows = (
+        {"id": f"train_{i}", "question": quoted(q), "answer": q.answers[0],
+         "data_source": q.data_source}
+        for i, q in enumerate(world.split("train"))
+    )  # fmt: skip
+    paths = {"agent_train": write_jsonl(out / "agent_train.jsonl", runner_rows)}
     for split in ("train", "test"):
-        paths[split] = out / f"{split}.jsonl"
-        with paths[split].open("w") as f:
-            for i, q in enumerate(world.split(split)):
-                row = {
-                    "data_source": q.data_source,
-                    "prompt": [{"role": "user", "content": prompt_text(quoted(q), instruction)}],
-                    "ability": "fact-reasoning",
-                    "reward_model": {"style": "rule", "ground_truth": {"target": q.answers}},
-                    "extra_info": {"split": split, "index": i},
-                }
-                f.write(json.dumps(row) + "\n")
+        rows = (
+            {
+                "data_source": q.data_source,
+                "prompt": [{"role": "user", "content": prompt_text(quoted(q), instruction)}],
+                "ability": "fact-reasoning",
+                "reward_model": {"style": "rule", "ground_truth": {"target": q.answers}},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, q in enumerate(world.split(split))
+        )
+        paths[split] = write_jsonl(out / f"{split}.jsonl", rows)
     return paths
 
 

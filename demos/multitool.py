@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from demos.warmstart import Demo, MaskedResponse, Phase, WarmStartConfig
-from demos.world import PROFESSIONS, unique_words
+from demos.world import PROFESSIONS, unique_words, write_jsonl
 from orchestrator.formats.function_calling import ToolTurns
 from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
@@ -124,16 +124,10 @@ def generate_years_world(
 def write_years_world(world: YearsWorld, out: Path) -> dict[str, Path]:
     """`corpus.jsonl` (for the index) and the train/test rows in the Search-R1 parquet-row
     shape (`prompt`, `reward_model.ground_truth.target`), as JSON lines."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"corpus": out / "corpus.jsonl"}
-    with paths["corpus"].open("w") as f:
-        for row in world.corpus_rows():
-            f.write(json.dumps(row) + "\n")
+    paths = {"corpus": write_jsonl(out / "corpus.jsonl", world.corpus_rows())}
     for split in ("train", "test"):
-        paths[split] = out / f"{split}.jsonl"
-        with paths[split].open("w") as f:
-            for i, q in enumerate(world.split(split)):
-                f.write(json.dumps(make_years_row(q, i)) + "\n")
+        rows = (make_years_row(q, i) for i, q in enumerate(world.split(split)))
+        paths[split] = write_jsonl(out / f"{split}.jsonl", rows)
     return paths
 
 

@@ -32,7 +32,7 @@ from demos import multitool as mt
 from demos.multitool import TASK as TASK_MULTI_TOOL
 from demos.multitool import YearsWorld
 from demos.warmstart import DemoSampler, WarmStartConfig, sft
-from demos.world import World, generate_world, write_world
+from demos.world import World, generate_world, write_jsonl, write_world
 from inference.sglang_launcher import cpu_settings
 from inference.tiny_model import default_corpus, make_tiny_model
 from orchestrator.data import load_prompts
@@ -114,15 +114,13 @@ def _world_texts(world: World | YearsWorld) -> list[str]:
 
 
 def write_rows(world: World, out: Path) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split in ("train", "test"):
-        paths[split] = out / f"{split}.jsonl"
-        with paths[split].open("w") as f:
-            for i, q in enumerate(world.split(split)):
-                row = make_row(q.question, q.answers, data_source=q.data_source, split=split,
-                               index=i)  # fmt: skip
-                f.write(json.dumps(row) + "\n")
+        rows = (
+            make_row(q.question, q.answers, data_source=q.data_source, split=split, index=i)
+            for i, q in enumerate(world.split(split))
+        )
+        paths[split] = write_jsonl(out / f"{split}.jsonl", rows)
     return paths
 
 

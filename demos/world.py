@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "k", "kr", "l", "m", "n", "p", "qu", "r", "s", "t",
            "th", "v", "z", "zh"]  # fmt: skip
@@ -132,23 +134,28 @@ def generate_world(
     return World(people, towns, countries, questions)
 
 
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """`rows` as JSON lines at `path` (its folder made if missing); the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
 def write_world(world: World, out_dir: Path) -> dict[str, Path]:
     """Write `corpus.jsonl` and FlashRAG-style `train.jsonl` / `test.jsonl` question files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"corpus": out_dir / "corpus.jsonl"}
-    with paths["corpus"].open("w") as f:
-        for row in world.corpus_rows():
-            f.write(json.dumps(row) + "\n")
+    paths = {"corpus": write_jsonl(out_dir / "corpus.jsonl", world.corpus_rows())}
     for split in ("train", "test"):
-        paths[split] = out_dir / f"{split}.jsonl"
-        with paths[split].open("w") as f:
-            for i, q in enumerate(world.split(split)):
-                row = {
-                    "id": f"{split}_{i}",
-                    "question": q.question,
-                    "golden_answers": q.answers,
-                    "hops": q.hops,
-                    "data_source": q.data_source,
-                }
-                f.write(json.dumps(row) + "\n")
+        rows = (
+            {
+                "id": f"{split}_{i}",
+                "question": q.question,
+                "golden_answers": q.answers,
+                "hops": q.hops,
+                "data_source": q.data_source,
+            }
+            for i, q in enumerate(world.split(split))
+        )
+        paths[split] = write_jsonl(out_dir / f"{split}.jsonl", rows)
     return paths
