@@ -19,15 +19,23 @@ Training runs in three phases (`WarmStartConfig`):
 3. mix: the full prompt, a fraction `search_rate` searches. The warm-started policy follows the
    format, mostly answers at once (mostly wrong), and is right when it searches: RL has
    something to discover.
+
+When the copy circuit forms varies with the seed and even with the machine (floating point
+sums in another order): the multi-tool demo's four-digit years were copied after 800 steps on
+one machine and not after 1,000 on another, and RL from a warm start that cannot copy has no
+reward to climb (issue 42). So the copy phase can run until it can copy (`copy_until`): after
+`copy_steps`, every `copy_check_every` steps it measures the share of fresh demonstrations the
+model reproduces exactly (`exact_rate`) and stops at `copy_until`, or at `max_copy_steps` with
+a warning.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import torch
 
@@ -86,6 +94,23 @@ class WarmStartConfig:
     topk: int = 1  # documents per observation: the answer's passage + topk-1 distractors
     seed: int = 0
     max_observation_tokens: int = 256
+    # Copy until `exact_rate` reaches this (None: exactly `copy_steps`), checked every
+    # `copy_check_every` steps on `copy_check_size` fresh demonstrations, at most `max_copy_steps`.
+    copy_until: float | None = None
+    copy_check_every: int = 100
+    copy_check_size: int = 64
+    max_copy_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.copy_until is not None:
+            if not 0 < self.copy_until <= 1:
+                raise ValueError(f"copy_until must be in (0, 1], got {self.copy_until}")
+            if self.max_copy_steps < self.copy_steps or self.copy_check_every < 1:
+                raise ValueError(
+                    "copy_until needs max_copy_steps >= copy_steps and copy_check_every >= 1 "
+                    f"(got max_copy_steps={self.max_copy_steps}, copy_steps={self.copy_steps}, "
+                    f"copy_check_every={self.copy_check_every})"
+                )
 
     def phases(self) -> list[Phase]:
         return [
@@ -177,9 +202,35 @@ def collate(batch: list[Demo]) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attn, "labels": labels}
 
 
-def sft(model: torch.nn.Module, sampler: DemoSampler, cfg: WarmStartConfig) -> list[float]:
+class Sampler(Protocol):
+    """What the warm start trains on: `DemoSampler`, or a task's own (`demos.multitool`)."""
+
+    def sample(self, rng: random.Random, *, searched: bool, short_prompt: bool = False) -> Demo: ...
+
+    def batches(self, phase: Phase, rng: random.Random) -> Iterator[list[Demo]]: ...
+
+
+@torch.no_grad()
+def exact_rate(model: torch.nn.Module, demos: list[Demo], *, batch_size: int = 16) -> float:
+    """The share of `demos` whose every model token (loss mask 1) is the teacher-forced argmax:
+    given the same observations, greedy decoding would write each of them exactly."""
+    was_training = model.training
+    model.eval()
+    exact = 0
+    for start in range(0, len(demos), batch_size):
+        batch = collate(demos[start : start + batch_size])
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        labels = batch["labels"][:, 1:]  # the token each position predicts
+        right = (logits[:, :-1].argmax(-1) == labels) | (labels == -100)
+        exact += int(right.all(dim=1).sum())
+    model.train(was_training)
+    return exact / max(len(demos), 1)
+
+
+def sft(model: torch.nn.Module, sampler: Sampler, cfg: WarmStartConfig) -> list[float]:
     """Train through the phases on fresh demonstrations; returns the loss of every step."""
     rng = random.Random(cfg.seed)
+    check_rng = random.Random(cfg.seed + 1)  # its own: checks leave the training data as it is
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
@@ -187,15 +238,62 @@ def sft(model: torch.nn.Module, sampler: DemoSampler, cfg: WarmStartConfig) -> l
     for phase in cfg.phases():
         for group in opt.param_groups:
             group["lr"] = phase.lr
-        for step, batch in enumerate(sampler.batches(phase, rng)):
-            out = model(**collate(batch))
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(float(out.loss.detach()))
-            if step % 50 == 0 or step == phase.steps - 1:
-                log.info("warm start", extra={"phase": phase.name, "step": step,
-                                              "loss": round(losses[-1], 4)})  # fmt: skip
+        _train(model, opt, sampler.batches(phase, rng), phase.name, 0, phase.steps, losses)
+        if phase.name == "copy" and cfg.copy_until is not None:
+            _copy_until(model, opt, sampler, cfg, phase, rng, check_rng, losses)
     model.eval()
     return losses
+
+
+def _copy_until(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sampler: Sampler,
+    cfg: WarmStartConfig,
+    phase: Phase,
+    rng: random.Random,
+    check_rng: random.Random,
+    losses: list[float],
+) -> None:
+    assert cfg.copy_until is not None
+    done = phase.steps
+    while True:
+        demos = [
+            sampler.sample(check_rng, searched=True, short_prompt=phase.short_prompt)
+            for _ in range(cfg.copy_check_size)
+        ]
+        rate = exact_rate(model, demos)
+        log.info("warm start copy check", extra={"step": done, "exact": round(rate, 3)})
+        if rate >= cfg.copy_until:
+            return
+        if done >= cfg.max_copy_steps:
+            log.warning(
+                "the warm start did not learn to copy: RL will have little reward to climb",
+                extra={"step": done, "exact": round(rate, 3), "copy_until": cfg.copy_until},
+            )
+            return
+        more = replace(phase, steps=min(cfg.copy_check_every, cfg.max_copy_steps - done))
+        _train(model, opt, sampler.batches(more, rng), phase.name, done, more.steps, losses)
+        done += more.steps
+
+
+def _train(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterable[list[Demo]],
+    phase: str,
+    first_step: int,
+    steps: int,
+    losses: list[float],
+) -> None:
+    last = first_step + steps - 1
+    for step, batch in enumerate(batches, start=first_step):
+        out = model(**collate(batch))
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(out.loss.detach()))
+        if step % 50 == 0 or step == last:
+            log.info("warm start", extra={"phase": phase, "step": step,
+                                          "loss": round(losses[-1], 4)})  # fmt: skip

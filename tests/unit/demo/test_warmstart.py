@@ -115,3 +115,66 @@ def test_sft_lowers_the_loss(tiny_model_dir: Path, tokenizer) -> None:  # type: 
     assert len(losses) == 12
     assert losses[-1] < losses[0] * 0.8
     assert not model.training
+
+
+class _Teacher(torch.nn.Module):
+    """Predicts the next token of its own input (teacher forcing made perfect), except
+    `wrong_on`: what `exact_rate` counts, with no training in the way."""
+
+    def __init__(self, vocab: int, wrong_on: int | None = None) -> None:
+        super().__init__()
+        self.vocab, self.wrong_on = vocab, wrong_on
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> object:
+        nxt = torch.roll(input_ids, -1, dims=1)
+        if self.wrong_on is not None:
+            nxt = torch.where(nxt == self.wrong_on, (nxt + 1) % self.vocab, nxt)
+        return type("Out", (), {"logits": torch.nn.functional.one_hot(nxt, self.vocab).float()})
+
+
+def test_exact_rate_counts_demonstrations_reproduced_on_every_model_token(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from demos.warmstart import Demo, exact_rate
+
+    # Two demonstrations: the model's tokens 5, 6 / 5, 7, and 9 in an observation (mask 0).
+    demos = [Demo([1, 2], [5, 9, 6], [1, 0, 1], True, "a"), Demo([1], [5, 7], [1, 1], True, "b")]
+    assert exact_rate(_Teacher(12), demos) == 1.0
+    assert exact_rate(_Teacher(12, wrong_on=7), demos) == 0.5  # the second's model token 7
+    assert exact_rate(_Teacher(12, wrong_on=9), demos) == 1.0  # 9 is observed, not written
+    assert exact_rate(_Teacher(12, wrong_on=1), demos) == 1.0  # prompts are not scored
+
+
+def test_the_copy_phase_runs_until_it_can_copy_or_its_cap(  # type: ignore[no-untyped-def]
+    tiny_model_dir: Path,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from demos import warmstart
+
+    world = generate_world(0, n_people=20)
+    cfg = WarmStartConfig(copy_steps=2, copy_batch_size=2, format_steps=1, mix_steps=0,
+                          batch_size=2, copy_until=0.9, copy_check_every=3, copy_check_size=2,
+                          max_copy_steps=20)  # fmt: skip
+    rates = iter([0.1, 0.5, 0.95])  # two checks short of the bar, then above it
+    monkeypatch.setattr(warmstart, "exact_rate", lambda model, demos: next(rates))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    losses = sft(model, DemoSampler(world, tokenizer, cfg), cfg)
+    assert len(losses) == 2 + 3 + 3 + 1  # copy 2, +3, +3 (then 0.95 >= 0.9), format 1
+
+    capped = WarmStartConfig(copy_steps=2, copy_batch_size=2, format_steps=0, mix_steps=0,
+                             copy_until=0.9, copy_check_every=3, copy_check_size=2,
+                             max_copy_steps=4)  # fmt: skip
+    monkeypatch.setattr(warmstart, "exact_rate", lambda model, demos: 0.0)
+    with caplog.at_level("WARNING", logger="demos.warmstart"):
+        losses = sft(model, DemoSampler(world, tokenizer, capped), capped)
+    assert len(losses) == 4  # 2, then 2 more to the cap
+    assert any("did not learn to copy" in r.getMessage() for r in caplog.records)
+
+
+def test_copy_until_needs_a_cap_at_least_the_copy_steps() -> None:
+    with pytest.raises(ValueError, match="max_copy_steps"):
+        WarmStartConfig(copy_steps=100, copy_until=0.9)
+    with pytest.raises(ValueError, match="copy_until"):
+        WarmStartConfig(copy_until=1.5, max_copy_steps=1000)
