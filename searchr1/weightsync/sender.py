@@ -46,6 +46,7 @@ from searchr1.weightsync.group import (
     dtype_name,
     host_store,
     new_weight_group,
+    reap_abandoned_groups,
     store_client,
 )
 from searchr1.weightsync.protocol import Bucket, EngineRefused, GroupJoin, WeightEngine
@@ -91,6 +92,9 @@ class WeightSender:
         self.baseline = baseline
         self._clients = list(engines)
         self._group: Any = None
+        # Set once the collective last started on `_group` has ended (None: none started):
+        # handed to `abandon_weight_group` with the group, which is destroyed once it is set.
+        self._collective: threading.Event | None = None
         self._store: Any = None  # the rendezvous server on master_port, from the first connect
         self.refusal_grace_s = 5.0
         self._abandoned: list[
@@ -99,6 +103,7 @@ class WeightSender:
 
     async def connect(self) -> None:
         """Create the group: engines join as ranks 1..N, this process is rank 0."""
+        reap_abandoned_groups()
         world = len(self._clients) + 1
         # A fresh name per connection: a group that a failed push could not tear down (its
         # collective thread is still blocked) stays registered under its name in this
@@ -156,7 +161,7 @@ class WeightSender:
                 _keep_forever(self._store)
                 host.add_done_callback(_observe)
                 raise errors[0]
-        self._group = await host
+        self._group, self._collective = await host, None
         # Every rank is in the group, but an engine registers it under its name only when its
         # join returns: a bucket sent before that is refused ("call init first").
         errors = [r for r in await joins if isinstance(r, BaseException)]
@@ -210,13 +215,30 @@ class WeightSender:
         import torch.distributed as dist
 
         works = [dist.broadcast(t, src=0, group=self._group, async_op=True) for t in tensors]
-        for w in works:
-            w.wait()
+        # Every work is waited for, even after one failed (a failed collective breaks the group:
+        # gloo closes its pairs, so the later ones fail at once): none is in flight once this
+        # returns, and the group may then be destroyed (`abandon_weight_group`). No work is
+        # left in this frame, which a failure's traceback keeps: a live work keeps the group's
+        # sockets open after the group is destroyed.
+        first: Exception | None = None
+        while works:
+            try:
+                works.pop(0).wait()
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            try:
+                raise first
+            finally:
+                first = None  # no cycle through this frame: the error is freed with its holder
 
     async def _broadcast_watching(self, tensors: list[torch.Tensor], calls: list[Any]) -> None:
         """Broadcast; if an engine refuses before receiving, the broadcast can never finish:
         then give up on the group (abort it) instead of hanging until its timeout."""
-        send = _in_daemon_thread(functools.partial(self._broadcast, tensors))
+        self._collective = threading.Event()
+        send = _in_daemon_thread(
+            functools.partial(self._broadcast, tensors), ended=self._collective
+        )
         try:
             await self._watch(send, calls)
         except BaseException:
@@ -236,7 +258,7 @@ class WeightSender:
                 finished, _ = await asyncio.wait({send}, timeout=self.refusal_grace_s)
                 if not finished:
                     group, self._group = self._group, None
-                    abandon_weight_group(group)
+                    abandon_weight_group(group, self._collective)
                     # The stuck collective ends later, failing: expected, and nobody waits
                     # for it any more (the calls: `_broadcast_watching`).
                     send.cancel()
@@ -254,6 +276,7 @@ class WeightSender:
         `version` is the weight version the engines serve afterwards; by default one more than
         the highest version any engine reports. With a baseline: a delta where every engine
         holds it, else full; a refused delta is resent in full at once."""
+        reap_abandoned_groups()
         if self._group is None:
             raise RuntimeError("call connect() first")
         if self.baseline is None:
@@ -423,10 +446,11 @@ class WeightSender:
 
     def disconnect(self) -> None:
         """Give the current group up after a failed push (a collective may be stuck in it);
-        the next `connect()` makes a new one on the same rendezvous store."""
+        the next `connect()` makes a new one on the same rendezvous store; the group itself is
+        destroyed at the next connect or push after that collective has ended."""
         group, self._group = self._group, None
         if group is not None:
-            abandon_weight_group(group)
+            abandon_weight_group(group, self._collective)
             self._abandoned.append(self.group_name)
 
     @property
@@ -453,9 +477,12 @@ class WeightSender:
         await asyncio.gather(*(c.aclose() for c in self._clients))
 
 
-def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+def _in_daemon_thread(
+    fn: Callable[[], Any], *, ended: threading.Event | None = None
+) -> asyncio.Future[Any]:
     """Run a blocking collective off the event loop. Unlike `asyncio.to_thread`, a daemon
-    thread stuck in a dead collective does not block interpreter exit."""
+    thread stuck in a dead collective does not block interpreter exit. `ended` is set once
+    `fn` has returned or raised, even after the caller gave up on the future."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
@@ -464,9 +491,12 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
             value, exc = fn(), None
         except BaseException as e:
             value, exc = None, e
+        if ended is not None:
+            ended.set()
         # The loop may be gone: an aborted collective can fail after the caller gave up.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, fut, value, exc)
+        value = exc = None  # the error's traceback keeps this frame: no cycle through it
 
     threading.Thread(target=run, name="weight-collective", daemon=True).start()
     return fut
