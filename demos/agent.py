@@ -157,12 +157,6 @@ def sentence(passage: str) -> str:
     return passage.partition("\n")[2]
 
 
-@dataclass(frozen=True)
-class _Doc:
-    id: str
-    contents: str
-
-
 class SearchCallSampler:
     """Demonstrations with random facts (as `demos.warmstart.DemoSampler`) in the
     agent's format: `search` calls in `<tool_call>` blocks ending at the end-of-turn token,

@@ -33,6 +33,7 @@ from orchestrator.observation import format_docs
 from orchestrator.prompt import prompt_token_ids
 from orchestrator.tasks.multi_tool import MCP_CALCULATOR, calculator_command, calculator_tool
 from orchestrator.tools.search import SearchTool
+from retriever.client import SearchHit
 
 TASK = "multi-tool"  # orchestrator/tasks/multi_tool.py
 DATA_SOURCE = "synthetic_years"
@@ -252,18 +253,12 @@ class MultiToolSampler:
             other = BornPerson(rng.choice(self.names), rng.choice(PROFESSIONS),
                                rng.randint(*YEARS))  # fmt: skip
             passages.append(years_passage(other))
-        return format_docs([_Doc(str(i), p) for i, p in enumerate(passages)])
+        return format_docs([SearchHit(str(i), p, None) for i, p in enumerate(passages)])
 
     def batches(self, phase: Phase, rng: random.Random) -> Iterator[list[Demo]]:
         for _ in range(phase.steps):
             used = [rng.random() < phase.search_rate for _ in range(phase.batch_size)]
             yield [self.sample(rng, searched=u) for u in used]
-
-
-@dataclass(frozen=True)
-class _Doc:
-    id: str
-    contents: str
 
 
 def warm_start_config(seed: int, topk: int, *, quick: bool = False) -> WarmStartConfig:

@@ -42,6 +42,7 @@ import torch
 from demos.world import PROFESSIONS, Person, Town, World, person_passage, town_passage
 from orchestrator.observation import format_docs, tokenize_observation
 from orchestrator.prompt import make_prompt_text, prompt_token_ids
+from retriever.client import SearchHit
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +121,6 @@ class WarmStartConfig:
         ]
 
 
-@dataclass(frozen=True)
-class _Doc:
-    id: str
-    contents: str
-
-
 class DemoSampler:
     """Draws demonstrations with random facts over the world's names (see the module doc)."""
 
@@ -156,7 +151,7 @@ class DemoSampler:
 
         def observe(passage: str) -> None:
             docs = [passage] + [self._distractor(rng) for _ in range(self.cfg.topk - 1)]
-            body = format_docs([_Doc(str(i), d) for i, d in enumerate(docs)])
+            body = format_docs([SearchHit(str(i), d, None) for i, d in enumerate(docs)])
             obs = tokenize_observation(self.tok, body, self.cfg.max_observation_tokens)
             ids.extend(obs.ids)
             mask.extend([0] * len(obs.ids))

@@ -26,7 +26,7 @@ from searchr1.chat_template import ToolTurns, prompt_token_ids
 
 
 @dataclass
-class TurnRecord:
+class ModelCall:
     """One model call of a segment."""
 
     index: int  # the call's index in its session (all segments)
@@ -55,7 +55,7 @@ class Segment:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     has_logprobs: bool = True
-    turns: list[TurnRecord] = field(default_factory=list)
+    turns: list[ModelCall] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
     last_text: str = ""  # the last output, decoded (does it end with the end-of-turn token?)
     last_request: list[str] = field(default_factory=list)  # message keys of the last request

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from engine_client.client import InferenceBadRequest, InferenceUnavailable
 from gateway import metrics
-from gateway.bridge import Extend, Fork, Renderer, Replay, Segment, TurnRecord, match
+from gateway.bridge import Extend, Fork, ModelCall, Renderer, Replay, Segment, match
 from gateway.config import GatewayConfig, HistoryEdits
 from gateway.errors import GatewayError
 from gateway.openai_api import (
@@ -292,7 +292,7 @@ class Gateway:
         start_version = int(result.start_weight_version)
         seg.weight_versions += [start_version, int(result.weight_version)]
         seg.generate_s += latency
-        turn = TurnRecord(
+        turn = ModelCall(
             index=s.turns,
             bridge_tokens=bridge_tokens,
             generated_tokens=len(ids),

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.bridge import Segment, TurnRecord
+from gateway.bridge import ModelCall, Segment
 from gateway.errors import GatewayError
 from gateway.metrics import LIVE_SESSIONS
 
@@ -50,7 +50,7 @@ class Session:
     dead: str = ""  # the dead-letter reason, once it is one
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def turn(self, index: int) -> TurnRecord:
+    def turn(self, index: int) -> ModelCall:
         """The record of the session's call `index` (0-based, across segments)."""
         for seg in self.segments:
             for t in seg.turns:

@@ -22,6 +22,7 @@ from orchestrator.observation import format_docs, observation_text
 from orchestrator.rewards import components
 from orchestrator.rollout_log import RolloutLog, mask_runs
 from orchestrator.sample import Prompt, Sample, Status, TurnRecord, new_group
+from retriever.client import SearchHit
 from searchr1.redis_server import free_port
 from trainer.metrics import JsonlLog
 
@@ -49,11 +50,6 @@ class WordTokenizer:
 
     def batch_decode(self, sequences: Sequence[Sequence[int]], **kw: Any) -> list[str]:
         return [self.decode(s) for s in sequences]
-
-
-class _Doc:
-    def __init__(self, id: str, contents: str) -> None:
-        self.id, self.contents = id, contents
 
 
 PEOPLE = ["Ada Brenner", "Tomas Ilves", "Mira Castell", "Jon Okafor", "Lena Varga", "Ivo Sand"]
@@ -110,9 +106,10 @@ def fill_sample(
             query,
         )
         docs = [
-            _Doc(
+            SearchHit(
                 f"{rng.randrange(10_000)}",
                 f'"{person}"\n{person} was born in {rng.choice(CITIES)} and later moved. {filler}',
+                None,
             )
             for _ in range(3)
         ]
