@@ -257,8 +257,9 @@ class WeightSender:
             if refused and not send.done():
                 finished, _ = await asyncio.wait({send}, timeout=self.refusal_grace_s)
                 if not finished:
-                    group, self._group = self._group, None
-                    abandon_weight_group(group, self._collective)
+                    # Given up here, and its name kept for the engines to free at the next
+                    # connect (the trainer's own disconnect() then finds no group).
+                    self.disconnect()
                     # The stuck collective ends later, failing: expected, and nobody waits
                     # for it any more (the calls: `_broadcast_watching`).
                     send.cancel()

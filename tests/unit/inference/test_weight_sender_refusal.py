@@ -44,6 +44,8 @@ async def test_what_fails_after_a_refused_push_is_not_an_unretrieved_error(
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         with pytest.raises(EngineRefused, match="reconnect"):
             await sender._broadcast_watching([], calls)
+        # The engines that joined are told to free the refused group at the next connect.
+        assert sender._abandoned == [sender.group_name]
         peer_gone.set()
         await asyncio.sleep(0.5)
         del calls

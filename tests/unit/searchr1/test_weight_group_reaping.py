@@ -180,6 +180,7 @@ async def test_the_sender_hands_over_its_running_collective_and_reaps_at_push(
     with pytest.raises(Exception, match="reconnect"):
         await sender._broadcast_watching([], [asyncio.create_task(refuse())])
     assert [g for g, _ in held] == [group]
+    assert sender._abandoned == [sender.group_name]  # the engines free it at the next connect
     with pytest.raises(RuntimeError, match="connect"):
         await sender.push([])  # reaps first: the collective still runs
     assert destroyed == []
@@ -193,7 +194,7 @@ async def test_the_sender_hands_over_its_running_collective_and_reaps_at_push(
 
     idle = sender._group = object()  # a group given up between pushes (`set_engines`)
     sender.disconnect()
-    assert sender._abandoned == [sender.group_name]  # the engines' names: as before
+    assert sender._abandoned == [sender.group_name] * 2  # (never connected: one name)
     with pytest.raises(RuntimeError, match="connect"):
         await sender.push([])
     assert destroyed == [group, idle] and not held
