@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 from prometheus_client import Counter
@@ -44,6 +44,13 @@ CLIENT_FAILURES = Counter(
 
 # sglang-router's sticky-session key (its `manual` policy; SGLang's own servers ignore it).
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+class Generator(Protocol):
+    """What a caller that only generates needs of an engine (the rollout, the gateway);
+    `InferenceClient` and `EnginePool` implement it, test engines too."""
+
+    async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 
 
 class InferenceError(Exception):

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from engine_client.client import InferenceBadRequest, InferenceUnavailable
+from engine_client.client import Generator, InferenceBadRequest, InferenceUnavailable
 from gateway import metrics
 from gateway.bridge import Extend, Fork, ModelCall, Renderer, Replay, Segment, match
 from gateway.config import GatewayConfig, HistoryEdits
@@ -40,12 +40,6 @@ log = logging.getLogger(__name__)
 
 # SGLang refuses an input longer than its context length - 6 tokens (`max_req_input_len`).
 INPUT_RESERVE = 6
-
-
-class Generator(Protocol):
-    """The engine API used here (engine_client.client.InferenceClient implements it)."""
-
-    async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
-from engine_client.client import InferenceBadRequest, InferenceUnavailable
+from engine_client.client import Generator, InferenceBadRequest, InferenceUnavailable
 from orchestrator import metrics
 from orchestrator.config import ActionFormat, RolloutConfig, RoutingKey, TurnSemantics
 from orchestrator.formats.base import TurnFormat
@@ -44,12 +44,6 @@ from orchestrator.tools.search import SearchTool
 from orchestrator.tools.toolbox import Toolbox, entry
 
 log = logging.getLogger(__name__)
-
-
-class Generator(Protocol):
-    """The engine API used here (engine_client.client.InferenceClient implements it)."""
-
-    async def generate(self, input_ids: list[int], **kwargs: Any) -> Any: ...
 
 
 # SGLang refuses an input longer than its context length - 6 tokens (`max_req_input_len`).

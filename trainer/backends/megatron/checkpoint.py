@@ -27,7 +27,7 @@ from trainer.backends.megatron.weights import gather_full, layer_offset, load_fu
 from trainer.config import TrainerConfig
 
 
-class MegatronBackend(Protocol):
+class BackendState(Protocol):
     """What this module reads and sets of `trainer.backends.megatron.backend.MegatronBackend`."""
 
     cfg: TrainerConfig
@@ -55,7 +55,7 @@ def _dp_group() -> Any:
     return ps.get_data_parallel_group()
 
 
-def owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
+def owner(backend: BackendState, param: nn.Parameter) -> Any:
     """The Megatron optimizer holding `param` (get_megatron_optimizer may chain several); None
     where the distributed optimizer gave this DP rank no part of it."""
     for opt in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer]):
@@ -68,7 +68,7 @@ def owner(backend: MegatronBackend, param: nn.Parameter) -> Any:
     return None
 
 
-def local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int, dict]:
+def local_state(backend: BackendState, param: nn.Parameter) -> tuple[int, int, dict]:
     """(start, end, {"param" and moments}) of this DP rank's range of the flattened `param`."""
     opt = owner(backend, param)
     if opt is None:
@@ -81,7 +81,7 @@ def local_state(backend: MegatronBackend, param: nn.Parameter) -> tuple[int, int
     return 0, param.numel(), {"param": param, **opt.optimizer.state.get(param, {})}
 
 
-def _moment(backend: MegatronBackend, key: str) -> Callable[[str, nn.Parameter], torch.Tensor]:
+def _moment(backend: BackendState, key: str) -> Callable[[str, nn.Parameter], torch.Tensor]:
     def value(_name: str, param: nn.Parameter) -> torch.Tensor:
         start, end, states = local_state(backend, param)
         mine = (start, end, states[key].detach().float().cpu() if key in states else None)
@@ -99,7 +99,7 @@ def _moment(backend: MegatronBackend, key: str) -> Callable[[str, nn.Parameter],
     return value
 
 
-def _hf(backend: MegatronBackend, value: Any = None) -> dict[str, torch.Tensor]:
+def _hf(backend: BackendState, value: Any = None) -> dict[str, torch.Tensor]:
     model = backend.ddp.module
     out: dict[str, torch.Tensor] = {}
     for name, t in gather_full(model, backend.shape, backend.layout, value=value):
@@ -107,7 +107,7 @@ def _hf(backend: MegatronBackend, value: Any = None) -> dict[str, torch.Tensor]:
     return out
 
 
-def full_state(backend: MegatronBackend) -> dict[str, Any]:
+def full_state(backend: BackendState) -> dict[str, Any]:
     """Complete on global rank 0 (collective)."""
     # The fp32 main parameters where the model's are bf16 (the same values in fp32).
     bf16 = next(backend.ddp.module.parameters()).dtype != torch.float32
@@ -126,7 +126,7 @@ def _broadcast(obj: Any) -> Any:
 
 
 @torch.no_grad()
-def load_full_state(backend: MegatronBackend, state: dict[str, Any] | None) -> None:
+def load_full_state(backend: BackendState, state: dict[str, Any] | None) -> None:
     """Inverse of `full_state`; `state` is read on global rank 0 only (collective)."""
     state = _broadcast(state if backend.rank == 0 else None)
     if state is None:

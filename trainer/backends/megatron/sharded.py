@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.backends.megatron import convert
-from trainer.backends.megatron.checkpoint import MegatronBackend, local_state, owner
+from trainer.backends.megatron.checkpoint import BackendState, local_state, owner
 from trainer.backends.megatron.model import ModelShape
 from trainer.backends.megatron.parallel import Layout
 from trainer.backends.megatron.weights import layer_offset
@@ -41,7 +41,7 @@ _MOMENTS = KINDS[1:]
 
 
 @dataclass(frozen=True)
-class Placement:
+class ShardPlacement:
     """Where one rank's shard (its 2-D view, `rows x cols`) sits in the full tensor `key`."""
 
     key: str
@@ -54,7 +54,7 @@ class Placement:
 
 def placement(
     local: str, param_shape: tuple[int, ...], shape: ModelShape, layout: Layout
-) -> Placement:
+) -> ShardPlacement:
     key = convert.full_name(local, layer_offset(shape, layout), shape)
     rows = param_shape[0]
     cols = 1
@@ -77,10 +77,10 @@ def placement(
             segments = ((0, real, r * rows),) if real else ()
     elif split == "row":
         full_cols, col = cols * tp, r * cols
-    return Placement(key, (full, full_cols), cols, col, segments, split == "none")
+    return ShardPlacement(key, (full, full_cols), cols, col, segments, split == "none")
 
 
-def blocks(p: Placement, start: int, end: int) -> list[tuple[Block, int]]:
+def blocks(p: ShardPlacement, start: int, end: int) -> list[tuple[Block, int]]:
     """The full-tensor rectangles of the range `[start, end)` of the flattened shard, each
     with its offset in that range (its elements are contiguous there)."""
     local: list[tuple[int, int, int, int]] = []  # (row, rows, col, cols) in the shard
@@ -117,7 +117,7 @@ def _broadcast_json(obj: Any, device: torch.device) -> Any:
     return json.loads(bytes(buf.cpu().tolist()).decode())
 
 
-def _mine(backend: MegatronBackend, name: str, p: Placement) -> bool:
+def _mine(backend: BackendState, name: str, p: ShardPlacement) -> bool:
     """Whether this rank writes the parameter's blocks (one copy of each element)."""
     if name == "output_layer.weight" and backend.shape.tied:
         return False  # the first stage writes the embedding
@@ -127,7 +127,7 @@ def _mine(backend: MegatronBackend, name: str, p: Placement) -> bool:
 
 
 @torch.no_grad()
-def save_shards(backend: MegatronBackend, directory: Path) -> dict[str, Any]:
+def save_shards(backend: BackendState, directory: Path) -> dict[str, Any]:
     """Collective: every rank writes its own file into `directory`; returns the small
     non-tensor state (the same on every rank). The caller's main rank has prepared the parent
     directory before calling."""
@@ -177,7 +177,7 @@ def _layout_json(layout: Layout) -> dict[str, int]:
     return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
 
 
-def _read(reader: ShardReader, kind: str, p: Placement, start: int, end: int) -> torch.Tensor:
+def _read(reader: ShardReader, kind: str, p: ShardPlacement, start: int, end: int) -> torch.Tensor:
     """The range `[start, end)` of the flattened shard (vocabulary padding stays 0)."""
     key = f"{kind}/{p.key}"
     if p.segments and reader.shapes.get(key) != p.shape:
@@ -194,7 +194,7 @@ def _read(reader: ShardReader, kind: str, p: Placement, start: int, end: int) ->
 
 @torch.no_grad()
 def load_shards(
-    backend: MegatronBackend,
+    backend: BackendState,
     directory: Path | None,
     state: dict[str, Any] | None,
     *,
