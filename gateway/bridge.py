@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.openai_api import Reply
+from gateway.openai_api import ChatReply
 from searchr1.chat_template import ToolTurns, prompt_token_ids
 
 
@@ -59,7 +59,7 @@ class Segment:
     weight_versions: list[int] = field(default_factory=list)
     last_text: str = ""  # the last output, decoded (does it end with the end-of-turn token?)
     last_request: list[str] = field(default_factory=list)  # message keys of the last request
-    last_reply: Reply | None = None
+    last_reply: ChatReply | None = None
     created_at: float = field(default_factory=time.time)
     finished_at: float = 0.0
     generate_s: float = 0.0

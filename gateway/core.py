@@ -23,8 +23,8 @@ from gateway.bridge import Extend, Fork, ModelCall, Renderer, Replay, Segment, m
 from gateway.config import GatewayConfig, HistoryEdits
 from gateway.errors import GatewayError
 from gateway.openai_api import (
+    ChatReply,
     ChatRequest,
-    Reply,
     canonical_messages,
     check_tools,
     message_key,
@@ -193,7 +193,7 @@ class Gateway:
 
     # -- chat -------------------------------------------------------------------------------
 
-    async def chat(self, req: ChatRequest, ident: Ident, *, registered: bool = False) -> Reply:
+    async def chat(self, req: ChatRequest, ident: Ident, *, registered: bool = False) -> ChatReply:
         """One chat completion for the session `ident` names: made on its first call unless
         `registered` (then it must have been opened before)."""
         req.check()
@@ -277,7 +277,7 @@ class Gateway:
         parse_calls: bool,
         stops: list[str],
         prompt_tokens: int,
-    ) -> Reply:
+    ) -> ChatReply:
         """Append the engine's output to the segment; the answer the client gets."""
         ids = [int(t) for t in result.output_ids]
         seg.append_output(ids, result.logprobs)
@@ -309,7 +309,7 @@ class Gateway:
         elif parsed:
             metrics.MALFORMED_CALLS.inc()
             turn.error = "; ".join(c.error for c in parsed if c.error)
-        return Reply(content, calls, finish, prompt_tokens, len(ids), self.model_name)
+        return ChatReply(content, calls, finish, prompt_tokens, len(ids), self.model_name)
 
     def _max_new(self, req: ChatRequest, used: int) -> int:
         want = req.max_completion_tokens or req.max_tokens or self.cfg.max_tokens

@@ -191,7 +191,7 @@ def tools_key(tools: list[dict[str, Any]]) -> str:
 
 
 @dataclass
-class Reply:
+class ChatReply:
     """One answer: the assistant message as returned, and the numbers around it."""
 
     content: str
@@ -270,6 +270,6 @@ def openai_tool_call(name: str, arguments: Any) -> dict[str, Any]:
     }
 
 
-def returned_message(reply: Reply) -> dict[str, Any]:
+def returned_message(reply: ChatReply) -> dict[str, Any]:
     """The assistant message as the client will send it back, in canonical form."""
     return canonical_messages([reply.message()])[0]

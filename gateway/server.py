@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from gateway.core import Gateway
 from gateway.errors import GatewayError
-from gateway.openai_api import ChatRequest, Reply
+from gateway.openai_api import ChatReply, ChatRequest
 from gateway.sessions import Ident
 from searchr1.service import (
     ClientGone,
@@ -213,7 +213,7 @@ def create_app(
     return app
 
 
-async def _sse(reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(reply: ChatReply, include_usage: bool) -> AsyncIterator[bytes]:
     for chunk in reply.chunks(include_usage):
         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
     yield b"data: [DONE]\n\n"
