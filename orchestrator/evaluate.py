@@ -64,7 +64,7 @@ def summarize(samples: list[Sample], seconds: float) -> dict[str, Any]:
         out["reward"] = sum(s.reward for s in group) / n
         out["turns_mean"] = sum(len(s.turns) for s in group) / n
         out["n"] = n
-        out["searches_mean"] = sum(t.action == "search" for s in group for t in s.turns) / n
+        out["searches_mean"] = sum(t.searches for s in group for t in s.turns) / n
         out["response_tokens_mean"] = sum(len(s.response_ids) for s in group) / n
         out["errors"] = sum(s.status == Status.ERROR for s in group)
         return out

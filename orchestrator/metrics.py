@@ -103,7 +103,7 @@ def observe_sample(s: Sample) -> None:
     RESPONSE_TOKENS.labels("model").inc(sum(s.loss_mask))
     RESPONSE_TOKENS.labels("observation").inc(n_obs)
     TURNS.observe(len(s.turns))
-    SEARCHES.observe(sum(t.action == "search" for t in s.turns))
+    SEARCHES.observe(sum(t.searches for t in s.turns))
     RESPONSE_LEN.observe(len(s.response_ids))
 
 
@@ -124,7 +124,7 @@ def step_summary(samples: list[Sample], seconds: float) -> dict[str, float]:
             sum(t.action == "invalid" for t in turns) / len(turns) if turns else 0.0
         ),
         "turns_mean": len(turns) / n,
-        "searches_mean": sum(t.action == "search" for t in turns) / n,
+        "searches_mean": sum(t.searches for t in turns) / n,
         "search_errors": float(sum(bool(t.error) for t in turns)),
         "samples_per_s": len(samples) / seconds if seconds > 0 else 0.0,
     }

@@ -58,6 +58,14 @@ class TurnRecord:
     tool_calls: list[ToolCallRecord] = field(default_factory=list)  # function calling
     reward: float = 0.0  # a task's environment: its reward for this turn
 
+    @property
+    def searches(self) -> int:
+        """Retrieval calls in this turn: a Search-R1 `<search>` turn is one; a function-calling
+        turn has as many as its calls to the `search` tool (`SearchTool.name`)."""
+        if self.action == "search":
+            return 1
+        return sum(c.name == "search" for c in self.tool_calls)
+
 
 @dataclass
 class Sample:

@@ -336,3 +336,17 @@ async def test_an_input_sglang_would_refuse_ends_the_sample(tokenizer) -> None: 
     engine, rollout, [s] = make(tokenizer, [TURN1], context_length=n_prompt + 5)
     await rollout.run_sample(s)
     assert engine.calls == [] and s.status == Status.CONTEXT_LIMIT
+
+
+def test_searches_count_search_tags_and_search_calls_alike() -> None:
+    # A function-calling turn with two searches and a calculator call, a Search-R1 turn, an
+    # answer: 3 searches. (step_summary counted `<search>` turns only: 0 for function calling.)
+    from orchestrator.sample import Sample, ToolCallRecord, TurnRecord
+
+    calls = [ToolCallRecord(n, "{}") for n in (SearchTool.name, SearchTool.name, "calculate")]
+    prompt = Prompt("nq/test/0", "nq", [{"role": "user", "content": "q"}], ["a"])
+    s = Sample(prompt, group_id="g", sample_index=0, group_size=1, prompt_ids=[1])
+    s.turns = [TurnRecord(0, "tool", tool_calls=calls), TurnRecord(1, "search"),
+               TurnRecord(2, "answer")]  # fmt: skip
+    assert [t.searches for t in s.turns] == [2, 1, 0]
+    assert step_summary([s], 1.0)["searches_mean"] == 3.0
