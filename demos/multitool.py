@@ -38,9 +38,12 @@ from retriever.client import SearchHit
 TASK = "multi-tool"  # orchestrator/tasks/multi_tool.py
 DATA_SOURCE = "synthetic_years"
 YEARS = (1900, 1999)
-# GRPO steps of the demo: after the 1,000-step copy phase the mean reward was 0.61 by step 3
-# and 0.70 at step 12, held-out EM 0.000 -> 0.886 in 13 minutes (docs/benchmarks.md).
-RL_STEPS = 12
+# GRPO: at the demo template's lr (1e-3) 2 of 5 training seeds collapsed from one warm start
+# (an update at step 2 or 4 moved the policy's first tokens off the call format, KL 0.03 ->
+# 0.19; every sample failed from then on, so no group had a signal to recover with); half the
+# step and more of them (docs/benchmarks.md, "Demo, multi-tool task").
+RL_STEPS = 20
+RL_LR = 5e-4
 EXTRA_VOCAB_PER_NAME = 4  # each name also without a leading space (`"query": "Name"`)
 INSTRUCTION = (
     "Answer the question. Use search to look facts up and calculate for arithmetic. "
@@ -157,6 +160,7 @@ def apply_to_stack_config(data: dict[str, Any], calculator: dict[str, Any]) -> N
     rollout["max_turns"] = 3  # searches, the calculation, the answer
     rollout.pop("stop", None)  # function calling stops on the end-of-turn token
     data["orchestrator"]["reward"] = {"function": "em"}  # the last <answer> of the response
+    data["trainer"]["optim"]["lr"] = RL_LR
 
 
 def tool_schemas(calculator: str) -> list[dict[str, Any]]:
