@@ -122,7 +122,7 @@ def test_last_line_names_engine_and_trainer_backend(
 
 @pytest.mark.parametrize(
     ("args", "steps"),
-    [([], 30), (["--task", "multi-tool"], 12), (["--task", "multi-tool", "--steps", "5"], 5)],
+    [([], 30), (["--task", "multi-tool"], 20), (["--task", "multi-tool", "--steps", "5"], 5)],
 )
 def test_grpo_steps_default_by_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], steps: int
