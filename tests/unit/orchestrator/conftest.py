@@ -6,6 +6,7 @@ random tiny model never emits tags on cue); integration tests run the real engin
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,3 +91,14 @@ class ScriptedEngine:
             ),
             cached_tokens=cached,
         )
+
+
+async def until(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    """Poll `condition` until it holds (True) or `timeout` passes (False): a test's wait
+    that a loaded machine cannot make fail, unlike a fixed sleep."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True

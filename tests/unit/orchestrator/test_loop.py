@@ -18,7 +18,7 @@ from orchestrator.scoring import Scorer
 from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
-from tests.unit.orchestrator.conftest import ScriptedEngine
+from tests.unit.orchestrator.conftest import ScriptedEngine, until
 from tests.unit.orchestrator.test_rollout import TURN1, TURN2, FakeRetriever
 
 PROMPTS = [
@@ -61,8 +61,8 @@ async def test_sync_mode_waits_for_the_next_weights(tokenizer, bus) -> None:  # 
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=5)
     orch = build(tokenizer, bus, engine)
     task = asyncio.create_task(orch.run())
-    await asyncio.sleep(0.5)
-    assert orch.step == 1 and not task.done()  # step 1 needs version 6
+    assert await until(lambda: orch.step == 1)
+    assert not task.done()  # step 1 needs version 6
     first = await drain(bus)
     assert len(first) == 4 and {d.trajectory.weight_version for d in first} == {5}
     engine.weight_version = 6  # "the trainer pushed new weights"
@@ -83,9 +83,9 @@ async def test_waiting_for_weights_has_a_deadline(tokenizer, bus) -> None:  # ty
     engine = ScriptedEngine(tokenizer, [TURN1, TURN2], weight_version=5)
     orch = build(tokenizer, bus, engine, weight_wait_s=0.6)
     task = asyncio.create_task(orch.run())
-    await asyncio.sleep(0.4)
-    assert orch.step == 1 and not task.done()
-    assert metrics.WEIGHT_WAIT._value.get() > 0
+    assert await until(lambda: orch.step == 1)
+    assert await until(lambda: metrics.WEIGHT_WAIT._value.get() > 0)  # set as the wait starts
+    assert not task.done()
     with pytest.raises(WeightsNotPushed, match=r"version 6.*serves 5"):
         await asyncio.wait_for(task, 5)
     assert metrics.WEIGHT_WAIT._value.get() == 0

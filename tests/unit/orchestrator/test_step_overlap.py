@@ -17,7 +17,7 @@ from orchestrator.scoring import Scorer
 from orchestrator.tools.search import SearchTool
 from searchr1.bus import TrajectoryBus
 from searchr1.sections import BusConfig, RunConfig
-from tests.unit.orchestrator.conftest import ScriptedEngine
+from tests.unit.orchestrator.conftest import ScriptedEngine, until
 from tests.unit.orchestrator.test_loop import drain
 from tests.unit.orchestrator.test_rollout import TURN1, TURN2, FakeRetriever
 
@@ -72,15 +72,6 @@ async def bus(redis_server):  # type: ignore[no-untyped-def]
 
 def questions(orch: Orchestrator, step: int) -> list[str]:
     return [f"q{p.metadata['index']}" for p in orch.sampler.batch(step)]
-
-
-async def until(condition, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
 
 
 def holding_engine(tokenizer) -> HoldingEngine:  # type: ignore[no-untyped-def]
