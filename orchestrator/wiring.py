@@ -47,10 +47,14 @@ class Clients:
     retriever: RetrieverClient
     bus: TrajectoryBus
     tools: Toolbox | None = None  # built by connect_rollout (MCP servers' connections)
+    registry: EngineRegistry | None = None  # engines.discover: where joined engines announce
 
     async def aclose(self) -> None:
         if self.tools is not None:
             await self.tools.aclose()
+        if self.registry is not None:
+            with contextlib.suppress(Exception):
+                await self.registry.aclose()
         for c in (self.engine, self.retriever):
             with contextlib.suppress(Exception):
                 await c.aclose()
@@ -75,6 +79,7 @@ def make_clients(
 
     # Through the router when there is one; one engine directly; several over our own pool.
     engine: InferenceClient | EnginePool
+    registry: EngineRegistry | None = None
     if engines.router_url or (len(engines.urls) == 1 and not engines.discover):
         engine = engine_client(engines.router_url or engines.urls[0])
     else:
@@ -102,6 +107,7 @@ def make_clients(
             http_backend="aiohttp",
         ),
         bus=TrajectoryBus.from_url(redis_url, bus_cfg),
+        registry=registry,
     )
 
 

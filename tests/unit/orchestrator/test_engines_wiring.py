@@ -33,3 +33,19 @@ async def test_the_orchestrator_calls_the_router_one_engine_or_its_pool(
             assert len(clients.engine.engines) == 2
     finally:
         await clients.aclose()
+
+
+async def test_the_engine_registry_is_closed_with_the_clients() -> None:
+    # engines.discover opens a Redis connection of its own (joined engines announce there);
+    # it used to stay open after the orchestrator's clients were closed.
+    engines = EnginesConfig(urls=["http://e0:1"], discover=True, probe_s=None)
+    clients = make_clients(OrchestratorConfig(), engines, "redis://127.0.0.1:1/0", BusConfig())
+    assert clients.registry is not None
+    closed: list[bool] = []
+
+    async def aclose() -> None:
+        closed.append(True)
+
+    clients.registry.aclose = aclose  # type: ignore[method-assign]
+    await clients.aclose()
+    assert closed == [True]
