@@ -222,8 +222,7 @@ def build_run(
             ]
             summary = {
                 "reward_mean": sum(s.reward for s in samples) / len(samples),
-                "searches_mean": sum(t.action == "search" for s in samples for t in s.turns)
-                / len(samples),
+                "searches_mean": sum(t.searches for s in samples for t in s.turns) / len(samples),
                 "samples_per_s": 4.0,
             }
             log.write_step(step, samples, summary)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from orchestrator.config import RolloutLogConfig
 from orchestrator.metrics import ROLLOUT_LOG_FAILURES
 from orchestrator.rewards import extract_answer
-from orchestrator.sample import Sample
+from orchestrator.sample import Sample, count_searches
 from orchestrator.trajectory import to_trajectory
 from protos.trajectory import FinishReason, Trajectory
 from searchr1.rundir import EVAL, STEP_FILES, TRAIN, Col, RunLayout, rollout_schema
@@ -151,7 +151,7 @@ def trajectory_row(
         Col.TIS_WEIGHTS: list(tis_weights) if tis_weights is not None else None,
         Col.SPANS: spans,
         Col.TURNS: turns,
-        Col.NUM_SEARCHES: sum(t.action == "search" for t in traj.turns),
+        Col.NUM_SEARCHES: sum(count_searches(t) for t in traj.turns),
         Col.NUM_INVALID: sum(t.action == "invalid" for t in traj.turns),
         Col.NUM_TOOL_ERRORS: sum(bool(t.error) for t in traj.turns),
         Col.RESPONSE_LEN: len(ids),
@@ -319,7 +319,7 @@ class RolloutLog:
                     "data_source": g[0].prompt.data_source,
                     "rewards": [s.reward for s in g],
                     "finish": [s.status.value if s.status else "" for s in g],
-                    "searches": [sum(t.action == "search" for t in s.turns) for s in g],
+                    "searches": [sum(t.searches for t in s.turns) for s in g],
                     "logged": [s.sample_index for s in g if s.trajectory_id in logged],
                     "outcome": (outcomes or {}).get(gid, "published"),
                 }

@@ -40,6 +40,15 @@ class ToolCallRecord:
     attempts: int = 0  # 0: never sent to the tool (malformed, unknown, bad arguments)
 
 
+def count_searches(turn: Any) -> int:
+    """Retrieval calls in a turn (a `TurnRecord`, or the trajectory proto's `Turn`): a
+    Search-R1 `<search>` turn is one; a function-calling turn has as many as its calls to the
+    `search` tool (`SearchTool.name`)."""
+    if turn.action == "search":
+        return 1
+    return sum(c.name == "search" for c in turn.tool_calls)
+
+
 @dataclass
 class TurnRecord:
     index: int
@@ -60,11 +69,7 @@ class TurnRecord:
 
     @property
     def searches(self) -> int:
-        """Retrieval calls in this turn: a Search-R1 `<search>` turn is one; a function-calling
-        turn has as many as its calls to the `search` tool (`SearchTool.name`)."""
-        if self.action == "search":
-            return 1
-        return sum(c.name == "search" for c in self.tool_calls)
+        return count_searches(self)
 
 
 @dataclass

@@ -350,3 +350,7 @@ def test_searches_count_search_tags_and_search_calls_alike() -> None:
                TurnRecord(2, "answer")]  # fmt: skip
     assert [t.searches for t in s.turns] == [2, 1, 0]
     assert step_summary([s], 1.0)["searches_mean"] == 3.0
+    # The same rule on the trajectory proto's turns (the rollout log's num_searches).
+    from orchestrator.sample import count_searches
+
+    assert [count_searches(t) for t in to_trajectory(s).turns] == [2, 1, 0]
