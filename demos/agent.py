@@ -479,7 +479,8 @@ def run_agent_demo(cfg: DemoConfig) -> dict[str, float]:
     calls_after = tool_calls_per_question(_newest(evals))
 
     b, a = summary_row(before), summary_row(after)
-    # the evaluation's searches_mean counts Search-R1's <search> tags, not function calls
+    # searches read from the rollout log's calls, as the multi-tool demo reads them (the
+    # evaluation's searches_mean counts function calls too now: TurnRecord.searches)
     b["searches"], a["searches"] = calls_before.get("search", 0.0), calls_after.get("search", 0.0)
     plot(cfg.out_dir / "train_metrics.jsonl", b["em"], a["em"], cfg.out_dir / "demo.png")
     return summarize(b, a, time.monotonic() - start)
