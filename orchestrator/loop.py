@@ -417,7 +417,7 @@ class Orchestrator:
     async def _run_group(self, state: StepState, prompt: Prompt) -> GroupResult:
         step = state.step
         group_id = f"{self.run_cfg.id}/{step}/{prompt.prompt_id}"
-        if await self.markers.published(group_id):
+        if await self.markers.published(step, group_id):
             metrics.GROUPS_SKIPPED.labels("already_published").inc()
             log.info("group already published; skipping", extra={"group_id": group_id})
             return GroupResult(group_id, "already_published", [])
@@ -476,7 +476,7 @@ class Orchestrator:
         if self._dynamic and not await self.markers.take_slot(state.step, group_id, state.slots):
             return self._discard(group_id, "surplus", group)  # the step filled meanwhile
         await self.bus.publish([to_trajectory(s) for s in group])
-        await self.markers.mark_published(group_id)
+        await self.markers.mark_published(state.step, group_id)
         metrics.GROUPS_PUBLISHED.inc()
         return GroupResult(group_id, "published", group)
 

@@ -20,7 +20,7 @@ written.
 
 Keys (under the run's prefix): `claims:<step>` (sorted set), `owners:<step>` (hash: group id ->
 worker id), `seeded:<step>` (the step's set was filled once; an empty set then means done; kept
-for the last `SEEDED_KEPT` steps).
+for the last `STEPS_KEPT` steps).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from prometheus_client import Counter
 
 from orchestrator.config import PartitionConfig
+from orchestrator.markers import STEPS_KEPT
 from searchr1.redis_retry import RedisRetry
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,7 @@ CLAIMS_LOST = Counter(
 )
 
 
-# Steps whose `seeded` marker is kept: more than the steps a run has in flight (async: two).
-# Older ones go, or one key a step piles up for the whole run (bench/soak.py). None is needed:
-# a restart resumes at the lowest unfinished step (one coming to an older step would seed it
-# again and skip its published groups).
-SEEDED_KEPT = 8
-
-# KEYS: claims, seeded, the seeded marker SEEDED_KEPT steps back; ARGV: group ids. Fills the
+# KEYS: claims, seeded, the seeded marker STEPS_KEPT steps back; ARGV: group ids. Fills the
 # step's set once (the first process to come) and drops that old marker.
 _SEED = """
 if redis.call('SET', KEYS[2], '1', 'NX') then
@@ -206,7 +201,7 @@ class StepClaims:
         finished by some process; returns the results of this process's groups. `drained` is
         set once a claim finds nothing left (every group is claimed, some maybe still running)."""
         claims, owners, seeded = self._keys(step)
-        retired = self._keys(step - SEEDED_KEPT)[2]
+        retired = self._keys(step - STEPS_KEPT)[2]
         if await self._call(
             "partition_seed", lambda: self._seed(keys=[claims, seeded, retired], args=group_ids)
         ):

@@ -57,8 +57,8 @@ async def test_state_calls_wait_out_a_redis_restart(tokenizer, bus, redis_server
     orch = build(tokenizer, bus, engine, mode="async")
     await through_restart(redis_server, orch.restore)
     assert orch.base_version == 3 and orch.step == 0
-    await through_restart(redis_server, lambda: orch.markers.mark_published("run/0/p"))
-    assert await through_restart(redis_server, lambda: orch.markers.published("run/0/p"))
+    await through_restart(redis_server, lambda: orch.markers.mark_published(0, "run/0/p"))
+    assert await through_restart(redis_server, lambda: orch.markers.published(0, "run/0/p"))
     assert await through_restart(redis_server, orch.markers.published_count) == 1
     # The data survived every restart (AOF): a second restore sees the same base version.
     engine.weight_version = 9

@@ -10,7 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from orchestrator.config import PartitionConfig
-from orchestrator.partition import CLAIMS_LOST, RECLAIMED, SEEDED_KEPT, StepClaims
+from orchestrator.markers import STEPS_KEPT
+from orchestrator.partition import CLAIMS_LOST, RECLAIMED, StepClaims
 from searchr1.redis_retry import RedisRetry, connect
 
 IDS = [f"run/0/p{i}" for i in range(12)]
@@ -187,7 +188,7 @@ async def test_forget_lets_a_new_run_seed_the_step_again(redis) -> None:  # type
 
 async def test_a_long_run_keeps_the_markers_of_its_last_steps_only(redis) -> None:  # type: ignore[no-untyped-def]
     """Each step's `seeded` marker used to stay for the whole run: bench/soak.py's Redis grew by
-    one key a step. The last SEEDED_KEPT steps keep theirs (a process joining one of them finds
+    one key a step. The last STEPS_KEPT steps keep theirs (a process joining one of them finds
     it done)."""
     w = claims(redis, "w")
 
@@ -197,7 +198,7 @@ async def test_a_long_run_keeps_the_markers_of_its_last_steps_only(redis) -> Non
     for step in range(40):
         assert len(await w.run_step(step, [f"run/{step}/p{i}" for i in range(3)], run)) == 3
     keys = sorted([k.decode() async for k in redis.scan_iter(match="t:partition:*")])
-    assert keys == [f"t:partition:seeded:{s}" for s in sorted(range(40 - SEEDED_KEPT, 40), key=str)]
+    assert keys == [f"t:partition:seeded:{s}" for s in sorted(range(40 - STEPS_KEPT, 40), key=str)]
     late = claims(redis, "late")
-    for step in range(40 - SEEDED_KEPT, 40):
+    for step in range(40 - STEPS_KEPT, 40):
         assert await late.run_step(step, [f"run/{step}/p0"], run) == []
