@@ -10,10 +10,13 @@ weight-update and other admin routes but not `/generate` (`--api-key` would guar
 It reaches SGLang through a private `--config` YAML file, not the command line, so it does not
 show in the process list.
 
-Supervision: a child that exits is restarted after `restart_backoff_s` (doubling, capped at
-60 s); after `max_restarts` failures in a row (a child that ran 5 minutes resets the count) the
-launcher stops everything and exits 1. SIGTERM/SIGINT stop the children (SIGTERM, then SIGKILL
-after `http.graceful_shutdown_s`) and exit 0.
+Supervision is `searchr1.supervisor`'s, as in `searchr1 local`: every child starts at once, in a
+process group of its own, its output ours (the container's log), `OMP_NUM_THREADS` 1 unless
+`sglang.env` sets it; one that exits, or is not
+healthy within `start_timeout_s`, is restarted after `restart_backoff_s` (doubling for quick
+deaths, capped at 60 s); after `max_restarts` deaths in a row (a child healthy for 5 minutes
+starts its count again) the launcher stops everything and exits 1. SIGTERM/SIGINT stop the
+children (SIGTERM to each group, then SIGKILL after `http.graceful_shutdown_s`) and exit 0.
 """
 
 from __future__ import annotations
@@ -21,19 +24,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inference.config import InferenceConfig
 from searchr1.service import check_exposure
+from searchr1.supervisor import ChildFailed, RestartPolicy, ServiceSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
-HEALTHY_RUN_S = 300.0
+MAX_RESTART_DELAY_S = 60.0
 
 
 def sglang_command(
@@ -132,106 +133,46 @@ def _health_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/health"
 
 
-@dataclass
-class _Child:
-    name: str
-    argv: list[str]
-    health_url: str
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    healthy: bool = False
-    failures: int = 0
-    restart_at: float = field(default=0.0)
-
-    def start(self) -> None:
-        log.info("starting", extra={"child": self.name, "argv": " ".join(self.argv)})
-        self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env})
-        self.started = time.monotonic()
-        self.healthy = False
-
-    def probe(self) -> bool:
-        import httpx
-
-        try:
-            return httpx.get(self.health_url, timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+class _Stopped(Exception):
+    """SIGTERM or SIGINT: stop the children and exit 0."""
 
 
-class Supervisor:
-    def __init__(self, children: dict[str, tuple[list[str], str]], cfg: InferenceConfig) -> None:
-        self.children = [
-            _Child(n, argv, url, dict(cfg.sglang.env)) for n, (argv, url) in children.items()
-        ]
-        self.start_timeout_s = cfg.sglang.start_timeout_s
-        self.backoff_s = cfg.sglang.restart_backoff_s
-        self.max_restarts = cfg.sglang.max_restarts
-        self.grace_s = cfg.http.graceful_shutdown_s
-        self._stop = False
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # one stop: a second signal must not cut it short
+    raise _Stopped(signal.Signals(signum).name)
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        log.info("stopping", extra={"signal": signum})
-        self._stop = True
 
-    def run(self, poll_s: float = 0.2) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        try:
-            for c in self.children:
-                c.start()
-            while not self._stop:
-                if not self._check():
-                    return 1
-                time.sleep(poll_s)
-            return 0
-        finally:
-            self._stop_all()
-
-    def _check(self) -> bool:
-        now = time.monotonic()
-        for c in self.children:
-            assert c.proc is not None
-            code = c.proc.poll()
-            if code is None and not c.healthy and c.restart_at == 0.0:
-                c.healthy = c.probe()
-                if c.healthy:
-                    log.info("healthy", extra={"child": c.name, "after_s": round(now - c.started)})
-                elif now - c.started > self.start_timeout_s:
-                    log.warning("not healthy in time; killing", extra={"child": c.name})
-                    c.proc.kill()
-                    code = c.proc.wait()
-            if code is None:
-                if c.failures and now - c.started > HEALTHY_RUN_S:
-                    c.failures = 0
-                continue
-            if c.restart_at == 0.0:
-                c.failures += 1
-                if c.failures > self.max_restarts:
-                    log.error("giving up", extra={"child": c.name, "failures": c.failures})
-                    return False
-                delay = min(60.0, self.backoff_s * 2 ** (c.failures - 1))
-                log.warning(
-                    "child exited; restarting",
-                    extra={"child": c.name, "code": code, "in_s": delay},
+def supervise(children: dict[str, tuple[list[str], str]], cfg: InferenceConfig) -> int:
+    """Run the children under `searchr1.supervisor` until a signal (0) or a child gives up (1)."""
+    s = cfg.sglang
+    sup = Supervisor([], None, grace_s=cfg.http.graceful_shutdown_s)
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    try:
+        for name, (argv, health_url) in children.items():
+            sup.add(
+                ServiceSpec(
+                    name,
+                    argv,
+                    ready_url=health_url,
+                    env=dict(s.env),
+                    restart=RestartPolicy.ON_FAILURE,
+                    max_restarts=s.max_restarts,
+                    first_restart_delay_s=s.restart_backoff_s,
+                    max_restart_delay_s=MAX_RESTART_DELAY_S,
+                    ready_timeout_s=s.start_timeout_s,
                 )
-                c.restart_at = now + delay
-            elif now >= c.restart_at:
-                c.restart_at = 0.0
-                c.start()
-        return True
-
-    def _stop_all(self) -> None:
-        live = [c.proc for c in self.children if c.proc and c.proc.poll() is None]
-        for p in live:
-            p.terminate()
-        deadline = time.monotonic() + self.grace_s
-        for p in live:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            )
+        sup.run()
+    except _Stopped as stop:
+        log.info("stopping", extra={"signal": str(stop)})
+    except ChildFailed as failed:
+        log.error("giving up", extra={"child": failed.name, "reason": failed.reason})
+        return 1
+    finally:
+        sup.stop()  # also when a signal came before every child was added
+    return 0
 
 
 def run_sglang(cfg: InferenceConfig, *, replicas: int = 1, admin_token: str | None = None) -> int:
@@ -243,4 +184,4 @@ def run_sglang(cfg: InferenceConfig, *, replicas: int = 1, admin_token: str | No
         secrets_file = write_secrets_file(Path(tmp), admin_token) if admin_token else None
         if admin_token is None:
             log.warning("no SEARCHR1_ADMIN_TOKEN: SGLang's weight-update routes are open")
-        return Supervisor(plan(cfg, replicas, secrets_file), cfg).run()
+        return supervise(plan(cfg, replicas, secrets_file), cfg)

@@ -12,8 +12,11 @@ A restarted child's readiness is probed once per round, never waited for inside 
 second death meanwhile is handled at once. Restarts back off as docker's do: 0.1 s, doubled
 for each death that comes quickly (before ready, or within 10 s of it: a crash loop, e.g. Redis
 on a full disk, must not use up `max_restarts` in a second), back to 0.1 s after a child was
-ready 10 s. Stopping is SIGTERM to every group (in reverse start order), then SIGKILL after a
-grace period.
+ready 10 s (each spec may set its own first and last delay). `max_restarts` counts deaths in a
+row: a child that was ready for 5 minutes starts its count again, so a week-long run is not
+ended by its fourth fault. Stopping is SIGTERM to every group (in reverse start order), then
+SIGKILL after a grace period. Without a log directory the children write to our own stdout and
+stderr (a container's log: `searchr1 inference serve --engine sglang`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_S = 0.1  # the first restart's delay; doubled for each quick death
 RESTART_DELAY_MAX_S = 10.0
 RAN_LONG_S = 10.0  # a child ready this long before dying starts again from the first delay
+HEALTHY_RUN_S = 300.0  # a child ready this long starts its count of restarts in a row again
 # A child's way to say that a restart cannot help (the trainer's data ran out: restarted, it
 # reads the same end of the bus): never restarted, whatever its policy. Docker's restart
 # policies cannot tell exit statuses apart, and torchrun reports any failed worker as 1.
@@ -47,7 +51,7 @@ EXIT_NO_RESTART = 3
 
 class RestartPolicy(StrEnum):
     NEVER = "never"  # a death stops the whole stack (the default: fail loudly)
-    ON_FAILURE = "on-failure"  # restart after a non-zero exit, up to max_restarts
+    ON_FAILURE = "on-failure"  # restart after a non-zero exit, up to max_restarts in a row
 
 
 class ChildFailed(RuntimeError):
@@ -66,7 +70,9 @@ class ServiceSpec:
     ready_url: str | None = None  # GET -> 200 means ready; None: started = ready
     env: dict[str, str] = field(default_factory=dict)
     restart: RestartPolicy = RestartPolicy.NEVER
-    max_restarts: int = 3
+    max_restarts: int = 3  # in a row (see HEALTHY_RUN_S)
+    first_restart_delay_s: float = RESTART_DELAY_S
+    max_restart_delay_s: float = RESTART_DELAY_MAX_S
     ready_timeout_s: float = 300.0
     # A child that finishes its job (exit 0) ends the stack successfully (e.g. the trainer).
     exit_ends_stack: bool = False
@@ -80,9 +86,10 @@ class ServiceSpec:
 @dataclass
 class ChildState:
     spec: ServiceSpec
-    log_path: Path
+    log_path: Path | None  # None: our own stdout and stderr
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
+    restarts: int = 0  # all of them, for the status table
+    restarts_in_a_row: int = 0  # what `max_restarts` bounds
     # pending | starting | ready | restarting | exited | failed | stopped | retiring
     status: str = "pending"
     started_at: float = 0.0
@@ -96,7 +103,9 @@ class ChildState:
         return self.proc.pid if self.proc else None
 
 
-def tail_lines(path: Path, n: int = 20) -> list[str]:
+def tail_lines(path: Path | None, n: int = 20) -> list[str]:
+    if path is None:
+        return []
     try:
         with path.open("rb") as f:
             return [b.decode(errors="replace").rstrip() for b in deque(f, maxlen=n)]
@@ -108,7 +117,7 @@ class Supervisor:
     def __init__(
         self,
         specs: list[ServiceSpec],
-        log_dir: Path,
+        log_dir: Path | None,
         *,
         grace_s: float = 15.0,
         poll_s: float = 0.2,
@@ -116,28 +125,32 @@ class Supervisor:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate service names: {names}")
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.children = [ChildState(s, self.log_dir / f"{s.name}.log") for s in specs]
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children = [ChildState(s, self._log_path(s)) for s in specs]
         self.grace_s = grace_s
         self.poll_s = poll_s
+
+    def _log_path(self, spec: ServiceSpec) -> Path | None:
+        return None if self.log_dir is None else self.log_dir / f"{spec.name}.log"
 
     # -- starting -------------------------------------------------------------------------
 
     def _spawn(self, child: ChildState) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **child.spec.env}
-        logf = child.log_path.open("ab")
-        try:
+        with contextlib.ExitStack() as files:
+            logf = (
+                None if child.log_path is None else files.enter_context(child.log_path.open("ab"))
+            )
             child.proc = subprocess.Popen(
                 child.spec.command,
                 stdout=logf,
-                stderr=subprocess.STDOUT,
+                stderr=None if logf is None else subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # its own process group: we can stop the whole tree
             )
-        finally:
-            logf.close()
         child.started_at = time.monotonic()
         child.ready_at = None
         child.status = "starting"
@@ -178,12 +191,16 @@ class Supervisor:
         tail = tail_lines(child.log_path)
         if code == EXIT_NO_RESTART:
             reason += " (a restart cannot help: not restarted)"
-        elif spec.restart is RestartPolicy.ON_FAILURE and child.restarts < spec.max_restarts:
+        elif (
+            spec.restart is RestartPolicy.ON_FAILURE and child.restarts_in_a_row < spec.max_restarts
+        ):
             now = time.monotonic()
             quick = child.ready_at is None or now - child.ready_at < RAN_LONG_S
             delay = child.restart_delay_s * 2 if quick and child.restart_delay_s else 0.0
-            child.restart_delay_s = min(max(delay, RESTART_DELAY_S), RESTART_DELAY_MAX_S)
+            first, last = spec.first_restart_delay_s, spec.max_restart_delay_s
+            child.restart_delay_s = min(max(delay, first), last)
             child.restarts += 1
+            child.restarts_in_a_row += 1
             child.status = "restarting"
             child.restart_at = now + child.restart_delay_s
             log.warning(
@@ -225,7 +242,7 @@ class Supervisor:
         """Start one more child now; `check()` follows it like the others (ready, restarts)."""
         if any(c.spec.name == spec.name for c in self.children):
             raise ValueError(f"a service named {spec.name!r} runs already")
-        child = ChildState(spec, self.log_dir / f"{spec.name}.log")
+        child = ChildState(spec, self._log_path(spec))
         self.children.append(child)
         self._spawn(child)
         return child
@@ -281,6 +298,8 @@ class Supervisor:
                 self._advance_start(child)
             elif code is not None:
                 self._died(child, code, f"exited with status {code}{_signal_name(code)}")
+            elif child.ready_at is not None and time.monotonic() - child.ready_at > HEALTHY_RUN_S:
+                child.restarts_in_a_row = 0
         return True
 
     def run(self, on_tick: Callable[[], None] | None = None) -> None:

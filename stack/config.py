@@ -69,7 +69,9 @@ class LocalConfig(Section):
         "for the trainer and orchestrator. None: off; 0: a free port.",
     )
     restart: RestartPolicy = RestartPolicy.NEVER
-    max_restarts: int = Field(default=3, ge=0)
+    max_restarts: int = Field(
+        default=3, ge=0, description="Restarts in a row (a child ready 5 minutes starts again)."
+    )
     ready_timeout_s: float = Field(default=600.0, gt=0)
     grace_s: float = Field(default=20.0, gt=0, description="SIGTERM -> SIGKILL delay on stop.")
 

@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from harness.sim.cost import Clock, EngineCost, Workload
-from harness.sim.prefix_cache import PrefixCache
+from harness.sim.prefix_cache import SimulatedPrefixCache
 from searchr1.redis_server import free_port
 from searchr1.supervisor import ServiceProcess, ServiceSpec
 from searchr1.weightsync.group import destroy_weight_group, dtype_from_name, new_weight_group
@@ -88,7 +88,7 @@ class SimEngine:
         self.cost, self.clock = cost, clock
         unit = cost.token_unit
         size = cost.kv_tokens if cost.prefix_cache_tokens is None else cost.prefix_cache_tokens
-        self.cache = PrefixCache(size // unit)
+        self.cache = SimulatedPrefixCache(size // unit)
         self.running: dict[int, Req] = {}
         self.heap: list[tuple[float, int]] = []
         self.waiting: deque[Req] = deque()

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-class PrefixCache:
+class SimulatedPrefixCache:
     def __init__(self, capacity: int, block: int = 16) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")

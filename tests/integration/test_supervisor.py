@@ -303,3 +303,42 @@ def test_a_death_while_another_restart_is_not_ready_yet_is_handled(tmp_path: Pat
         assert sup.children[0].status == "starting"  # still waited for, not blocking the round
     finally:
         sup.stop()
+
+
+def test_a_child_that_ran_healthy_long_enough_starts_its_count_of_restarts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_restarts` counts deaths in a row: a run of days is not ended by its fourth fault.
+    It counted every restart of the run before (the 2-hour soak restarted its trainer 4 times)."""
+    monkeypatch.setattr("searchr1.supervisor.HEALTHY_RUN_S", 0.3)
+    dies_later = ServiceSpec(
+        name="trainer",
+        command=[PY, "-c", "import time,sys; time.sleep(0.8); sys.exit(1)"],
+        restart=RestartPolicy.ON_FAILURE,
+        max_restarts=1,
+    )
+    sup = Supervisor([dies_later], tmp_path, poll_s=0.05)
+    sup.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sup.children[0].restarts < 3 and time.monotonic() < deadline:
+            assert sup.check()  # no ChildFailed: each death is the first in a row
+            time.sleep(0.05)
+        assert sup.children[0].restarts == 3
+    finally:
+        sup.stop()
+
+
+def test_without_a_log_directory_children_write_to_our_own_output(capfd) -> None:  # type: ignore[no-untyped-def]
+    """The SGLang launcher's children: their output is the container's log."""
+    spec = ServiceSpec("talker", [PY, "-c", "print('hello from the child')"], may_finish=True)
+    sup = Supervisor([spec], None, poll_s=0.05)
+    sup.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sup.children[0].status != "exited" and time.monotonic() < deadline:
+            sup.check()
+            time.sleep(0.05)
+    finally:
+        sup.stop()
+    assert "hello from the child" in capfd.readouterr().out

@@ -419,3 +419,14 @@ def test_subfolders_that_import_their_parent_are_written_down() -> None:
         f"{sorted(mutual - set(SUBFOLDERS))}; listed but no longer so: "
         f"{sorted(set(SUBFOLDERS) - mutual)}"
     )
+
+
+def test_one_name_for_one_thing() -> None:
+    """No two public classes of the product or its support code share a name (issue 45: two
+    `Sample`s, two `Supervisor`s, two `PrefixCache`s each read as one thing and were not)."""
+    homes: dict[str, list[str]] = {}
+    for module, path in product_modules((*PACKAGES, *SUPPORT)).items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                homes.setdefault(node.name, []).append(module)
+    assert {name: ms for name, ms in homes.items() if len(ms) > 1} == {}
