@@ -18,11 +18,11 @@ from bench.pipeline_model import (
 )
 from harness.sim.cost import R1_DISTILL_15B, Clock, EngineCost, Workload
 from harness.sim.engine import Cluster, SimEngine
-from harness.sim.prefix_cache import PrefixCache
+from harness.sim.prefix_cache import SimulatedPrefixCache
 
 
 def test_the_cache_matches_whole_blocks_of_a_cached_prefix() -> None:
-    cache = PrefixCache(capacity=100, block=4)
+    cache = SimulatedPrefixCache(capacity=100, block=4)
     cache.insert([1, 2, 3, 4, 5, 6, 7, 8, 9])  # two whole blocks; the 9 is not kept
     assert cache.size == 8
     assert cache.match([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == 8
@@ -32,7 +32,7 @@ def test_the_cache_matches_whole_blocks_of_a_cached_prefix() -> None:
 
 
 def test_the_cache_evicts_the_least_recently_used_leaves_first() -> None:
-    cache = PrefixCache(capacity=12, block=4)  # three blocks
+    cache = SimulatedPrefixCache(capacity=12, block=4)  # three blocks
     cache.insert([1, 1, 1, 1, 2, 2, 2, 2])  # a: root, leaf
     cache.insert([1, 1, 1, 1, 3, 3, 3, 3])  # b shares a's root: 3 blocks held
     assert cache.size == 12
@@ -42,7 +42,7 @@ def test_the_cache_evicts_the_least_recently_used_leaves_first() -> None:
     assert cache.match([9, 9, 9, 9]) == 4
     cache.shrink(4)  # memory taken back: the least recently used go
     assert cache.size == 4 and cache.match([9, 9, 9, 9]) == 4
-    assert PrefixCache(capacity=0).match([1] * 32) == 0
+    assert SimulatedPrefixCache(capacity=0).match([1] * 32) == 0
 
 
 def _serve(routing: str, engines: int = 3) -> dict[str, float]:
