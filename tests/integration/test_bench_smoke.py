@@ -63,7 +63,7 @@ SMOKE: dict[str, tuple[list[str], int]] = {
 # Run by test_demo_benches_smoke, one feeding the other.
 DEMO = {"demo_seeds", "demo_runs"}
 ELSEWHERE = {
-    "chaos": "tests/integration/test_chaos.py (slow: --quick --no-baseline, 3 runs, ~7 min)",
+    "chaos": "tests/integration/test_chaos.py (slow: --quick --no-baseline, 4 runs, ~11 min)",
     "pipeline": "tests/integration/test_pipeline_bench.py (slow: --shape tiny)",
     "soak": "tests/integration/test_soak.py (slow: --quick --duration-s 40, ~3 min)",
 }
