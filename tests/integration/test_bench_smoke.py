@@ -29,7 +29,8 @@ TMP = "{tmp}"  # replaced by the test's tmp_path
 # bench -> (its smallest settings, deadline in seconds)
 SMOKE: dict[str, tuple[list[str], int]] = {
     "bus": (["--n", "200", "--tokens", "64", "--batch", "16"], 60),
-    "fuzz": (["--examples", "1"], 180),
+    # one service: tests/integration/test_fuzz_services.py fuzzes all five (127 -> 61 s, load 5)
+    "fuzz": (["--examples", "1", "--services", "inference"], 180),
     # dev.py gpu's runner: on the CPU, its environment check and one bench through it.
     "gpu_checks": (["--cpu-smoke", "--only", "env,logprobs_memory", "--out", TMP], 180),
     # a Monte Carlo model of the game, no services
