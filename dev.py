@@ -82,8 +82,12 @@ def _check(cmd: list[str | os.PathLike[str]], what: str | None = None, **kw) -> 
         sys.exit(f"{what or 'dev.py: command failed'} (exit code {rc})")
 
 
+# Bump when the install recipe changes in a way an existing .venv must pick up.
+INSTALL_RECIPE = "2: bytecode compiled"
+
+
 def _fingerprint() -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(INSTALL_RECIPE.encode())
     for name in ("pyproject.toml", "constraints.txt", LOCK.name):
         path = ROOT / name
         h.update(path.read_bytes() if path.exists() else b"(none)")
@@ -192,7 +196,24 @@ def ensure_env() -> None:
         # `megatron`: CI runs the Megatron backend's tests too.
         extras = ",".join(LOCK_EXTRAS)
         _check([*pip, "install", "-q", "-c", ROOT / "constraints.txt", "-e", f"{ROOT}[{extras}]"])
+    compile_bytecode(_bin("python"))
     STAMP.write_text(want)
+
+
+def compile_bytecode(python: Path) -> None:
+    """Compile the venv's site-packages to .pyc once. uv writes none, and where
+    PYTHONDONTWRITEBYTECODE is set (CI's image, this sandbox) no import writes one either, so
+    every process compiled its imported modules at each start: the retriever's encoder took
+    11.5 s to load instead of 6.9, the trainer's import 5.1 s instead of 3.2. ~30 s here."""
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # rc 1 is expected: a few files are for other Pythons (func_timeout's py2_raise.py) and
+    # never imported here; compileall names no other failure than those.
+    _run([str(python), "-m", "compileall", "-qq", "-j", "0", site])
 
 
 def write_lock(args: list[str]) -> int:

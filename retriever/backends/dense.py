@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -177,9 +178,18 @@ class DenseBackend:
             in_child = resolve_device(cfg.device) == "cpu"
         if in_child:
             threads = cfg.encoder_threads or cfg.torch_threads
-            encoder = EncoderProcess(spec, device=cfg.device, torch_threads=threads)
-            if cfg.inline_max_queries > 0:
-                inline_encoder = Encoder(spec, device=cfg.device)
+            # The inline copy loads here while the child loads its own (each ~5 s on a CPU):
+            # a retriever is ready in the time of one load, not two.
+            with ThreadPoolExecutor(1, thread_name_prefix="inline-encoder") as loader:
+                inline = None
+                if cfg.inline_max_queries > 0:
+                    inline = loader.submit(Encoder, spec, device=cfg.device)
+                encoder = EncoderProcess(spec, device=cfg.device, torch_threads=threads)
+                try:
+                    inline_encoder = inline.result() if inline is not None else None
+                except BaseException:
+                    encoder.close()
+                    raise
         else:
             encoder = Encoder(spec, device=cfg.device)
         index = DenseIndex(faiss.read_index(str(index_file)), cfg)
