@@ -108,6 +108,8 @@ class Stack:
             max_restarts=data["local"]["max_restarts"],
         )
         services = build_specs(self.cfg, stack_path, redis.url)
+        for spec in services:  # each also after Redis, which this supervisor runs too
+            spec.after = None if spec.after is None else ("redis", *spec.after)
         if hosts is not None:
             services = hosts.place_specs(services)
         specs = [redis_spec, *services]

@@ -1,8 +1,10 @@
 """Supervise a set of service processes on one machine (the engine of `searchr1 local`).
 
 Each child runs in its own session (process group), so stopping it also stops anything it
-spawned: no orphans. Children start in order; each must pass its readiness probe (`/ready`
-answering 200) before the next starts. While running, a child that exits is reported by name
+spawned: no orphans. A child starts once the children it comes after have passed their
+readiness probe (`/ready` answering 200): by default every child before it in the list, or the
+ones its spec's `after` names, so independent children (a retriever and an engine) start side by
+side. While running, a child that exits is reported by name
 with its exit status and the last lines of its log, then restarted or the whole stack stopped,
 by its policy (never restarted: one that exits EXIT_NO_RESTART). A child that dies before it is
 ready (it exited, or was not ready within `ready_timeout_s` and is killed) is a death like any
@@ -74,6 +76,9 @@ class ServiceSpec:
     first_restart_delay_s: float = RESTART_DELAY_S
     max_restart_delay_s: float = RESTART_DELAY_MAX_S
     ready_timeout_s: float = 300.0
+    # The children that must be ready before this one starts; None: every child before it in
+    # the supervisor's list. A name not in the list is not waited for.
+    after: tuple[str, ...] | None = None
     # A child that finishes its job (exit 0) ends the stack successfully (e.g. the trainer).
     exit_ends_stack: bool = False
     # Exit 0 is a normal completion, not a death (e.g. the orchestrator after max_steps).
@@ -220,21 +225,31 @@ class Supervisor:
         raise ChildFailed(spec.name, reason, tail)
 
     def start(self) -> None:
-        """Start every child in order, each ready before the next; stop all on failure. A
-        child that fails before it is ready is restarted as its policy says (never: fatal)."""
+        """Start every child once those it comes after are ready, and return when all are;
+        stop all on failure. A child that fails before it is ready is restarted as its policy
+        says (never: fatal)."""
         try:
-            for child in self.children:
-                self._spawn(child)
-                while child.status != "ready":
-                    if child.status == "restarting":
-                        time.sleep(max(0.0, child.restart_at - time.monotonic()))
+            while any(c.status != "ready" for c in self.children):
+                for child in list(self.children):  # an optional child that fails leaves it
+                    due = child.status == "restarting" and time.monotonic() >= child.restart_at
+                    if due or (child.status == "pending" and self._may_start(child)):
                         self._spawn(child)
-                    self._advance_start(child)
-                    if child.status == "starting":
-                        time.sleep(self.poll_s)
+                    if child.status == "starting":  # at once: no ready_url means started = ready
+                        self._advance_start(child)
+                if any(c.status != "ready" for c in self.children):
+                    time.sleep(self.poll_s)
         except BaseException:
             self.stop()
             raise
+
+    def _may_start(self, child: ChildState) -> bool:
+        """Whether every child that `child` comes after is ready."""
+        after = child.spec.after
+        if after is None:
+            before = self.children[: self.children.index(child)]
+        else:
+            before = [c for c in self.children if c.spec.name in after]
+        return all(c.status == "ready" for c in before)
 
     # -- changing the set while running (`searchr1 local scale`) ---------------------------
 

@@ -49,6 +49,14 @@ _COMMANDS = {
     "orchestrator": (["orchestrator", "run"], True, False),
     "trainer": (["trainer", "run"], True, True),
 }
+# service -> the services that must be ready before it starts: the retriever and the engines
+# start side by side (neither calls the other), the trainer beside the orchestrator.
+_AFTER = {
+    "retriever": (),
+    "inference": (),
+    "orchestrator": ("retriever", "inference"),
+    "trainer": ("inference",),
+}
 
 
 def searchr1_command() -> list[str]:
@@ -83,14 +91,19 @@ def engine_spec(cfg: StackConfig, config_path: Path, redis_url: str, index: int)
 
 
 def build_specs(cfg: StackConfig, config_path: Path, redis_url: str) -> list[ServiceSpec]:
-    specs = []
+    specs: list[ServiceSpec] = []
+    kinds: list[str] = []  # each spec's service (an engine replica's name is inference-<i>)
     for name in cfg.local.services:
         if name not in _COMMANDS:
             raise ValueError(
                 f"local.services: unknown service {name!r} (choose from {sorted(_COMMANDS)})"
             )
         replicas = cfg.local.inference_replicas if name == "inference" else 1
-        specs += _specs(cfg, config_path, redis_url, name, range(replicas), named=replicas > 1)
+        new = _specs(cfg, config_path, redis_url, name, range(replicas), named=replicas > 1)
+        specs += new
+        kinds += [name] * len(new)
+    for spec, kind in zip(specs, kinds, strict=True):
+        spec.after = tuple(s.name for s, k in zip(specs, kinds, strict=True) if k in _AFTER[kind])
     return specs
 
 

@@ -47,6 +47,23 @@ def test_starts_in_order_waits_ready_and_stops_gracefully(tmp_path: Path) -> Non
     assert "handed back in-flight work" in (tmp_path / "a.log").read_text()
 
 
+def test_children_start_once_those_they_come_after_are_ready(tmp_path: Path) -> None:
+    """`after=()` starts beside the others; `after=("a",)` waits for a alone; the default
+    (None) waits for every child before it in the list."""
+    a, b, c, d = (http_service(n) for n in "abcd")
+    b.after, c.after = (), ("a",)
+    sup = Supervisor([a, b, c, d], tmp_path, grace_s=10)
+    sup.start()
+    try:
+        ca, cb, cc, cd = sup.children
+        assert all(x.ready_at is not None for x in sup.children)
+        assert cb.started_at < ca.ready_at  # type: ignore[operator]
+        assert cc.started_at >= ca.ready_at  # type: ignore[operator]
+        assert cd.started_at >= max(ca.ready_at, cb.ready_at, cc.ready_at)  # type: ignore[type-var]
+    finally:
+        sup.stop()
+
+
 def test_a_dead_child_is_named_with_its_last_log_lines(tmp_path: Path) -> None:
     crasher = ServiceSpec(
         name="retriever",

@@ -139,6 +139,8 @@ def test_setup_installs_from_the_lock_with_hashes(dev, monkeypatch) -> None:
     assert "--require-hashes" in installs[torch_first] and "--require-hashes" in installs[lock]
     assert "--no-deps" in installs[project]
     assert not any("constraints.txt" in " ".join(c) for c in installs)
+    # then site-packages compiled once (uv writes no .pyc; PYTHONDONTWRITEBYTECODE: no import does)
+    assert "compileall" in " ".join(dev.ran[-1])
     assert dev.STAMP.read_text() == dev._fingerprint()
 
 

@@ -44,6 +44,11 @@ def test_several_engines_each_on_their_own_port(tmp_path: Path) -> None:
         "retriever", "inference-0", "inference-1", "orchestrator", "trainer",
     ]  # fmt: skip
     by_name = {s.name: s for s in specs}
+    # The retriever and the engines start side by side; the orchestrator after all of them,
+    # the trainer after the engines it pushes to.
+    assert by_name["retriever"].after == by_name["inference-0"].after == ()
+    assert by_name["orchestrator"].after == ("retriever", "inference-0", "inference-1")
+    assert by_name["trainer"].after == ("inference-0", "inference-1")
     for i in (0, 1):
         engine = by_name[f"inference-{i}"]
         assert engine.env["SEARCHR1_INFERENCE__HTTP__PORT"] == str(31000 + i)
