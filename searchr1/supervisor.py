@@ -76,8 +76,8 @@ class ServiceSpec:
     first_restart_delay_s: float = RESTART_DELAY_S
     max_restart_delay_s: float = RESTART_DELAY_MAX_S
     ready_timeout_s: float = 300.0
-    # The children that must be ready before this one starts; None: every child before it in
-    # the supervisor's list. A name not in the list is not waited for.
+    # The children that must be ready before this one starts, each listed before it in the
+    # supervisor's list (checked); None: every child before it.
     after: tuple[str, ...] | None = None
     # A child that finishes its job (exit 0) ends the stack successfully (e.g. the trainer).
     exit_ends_stack: bool = False
@@ -130,6 +130,13 @@ class Supervisor:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate service names: {names}")
+        for i, spec in enumerate(specs):
+            # Only children before it: two children after each other would wait forever.
+            later = set(spec.after or ()) - set(names[:i])
+            if later:
+                raise ValueError(
+                    f"{spec.name}: after={sorted(later)} must name children listed before it"
+                )
         self.log_dir = None if log_dir is None else Path(log_dir)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,14 @@ def test_children_start_once_those_they_come_after_are_ready(tmp_path: Path) -> 
         sup.stop()
 
 
+def test_after_may_name_only_children_listed_before() -> None:
+    """A child after a later one (or after one that is not there) could wait forever."""
+    a, b = http_service("a"), http_service("b")
+    a.after = ("b",)
+    with pytest.raises(ValueError, match=r"a: after=\['b'\] must name children listed before"):
+        Supervisor([a, b], None)
+
+
 def test_a_dead_child_is_named_with_its_last_log_lines(tmp_path: Path) -> None:
     crasher = ServiceSpec(
         name="retriever",
