@@ -211,7 +211,8 @@ def compile_bytecode(python: Path) -> None:
         "import compileall, sysconfig; "
         "compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
     )
-    _run([str(python), "-c", script])
+    # -W ignore: such files also print SyntaxWarnings ("is" with a literal) nobody can act on.
+    _run([str(python), "-W", "ignore", "-c", script])
 
 
 def write_lock(args: list[str]) -> int:
