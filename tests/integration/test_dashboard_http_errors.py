@@ -7,7 +7,6 @@ stack test saw it whenever no readiness poll happened to meet a 503 during start
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,15 +53,15 @@ def test_a_service_without_5xx_draws_zero_and_one_with_them_its_rate(requests_to
     ok = counter.labels("retriever", "/retrieve", "POST", "200")
     failing = counter.labels("trainer", "/ready", "GET", "503")
     counter.labels("trainer", "/ready", "GET", "200").inc()
+    ok.inc(5)
+    failing.inc()
     with PrometheusProcess({"searchr1": [target]}) as prom:
-        # rate() needs two samples of a series: wait for the failing one to have moved.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            ok.inc(5)
-            failing.inc()
-            if prom.query('rate(searchr1_http_requests_total{status="503"}[5m]) > 0'):
-                break
-            time.sleep(0.5)
+        # rate() needs two samples of a series: one scraped, then a second after it moved.
+        failing_series = 'searchr1_http_requests_total{status="503"}'
+        prom.wait_for(failing_series, bool, timeout_s=30)
+        ok.inc(5)
+        failing.inc()
+        prom.wait_for(f"rate({failing_series}[5m]) > 0", bool, timeout_s=30)
         result = prom.query(http_errors_expr())
     lines = {(r["metric"]["service"], r["metric"]["status"]): float(r["value"][1]) for r in result}
     assert lines.keys() == {("retriever", "5xx"), ("trainer", "503")}, result
